@@ -1,0 +1,5 @@
+import sys
+
+from fsmc.cli import main
+
+sys.exit(main())

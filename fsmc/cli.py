@@ -1,0 +1,201 @@
+"""The command line: the only part of fsmc that touches the terminal, output files and
+exit codes.
+
+Exit status everywhere: 0 success, 1 the spec has errors (or, for `build --check`,
+generated files are stale; for `diff`, the machines differ), 2 usage or I/O
+trouble. Input never produces a traceback: an exception that escapes a stage is
+our bug, and is reported as one (exit 3) with a request to file it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from fsmc import __version__
+from fsmc.diagnostics import Diagnostic, render
+
+EXIT_OK, EXIT_ERRORS, EXIT_TROUBLE, EXIT_BUG = 0, 1, 2, 3
+
+
+class Trouble(Exception):
+    """Usage or I/O trouble: printed as `fsmc: error: ...`, exit 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_TROUBLE
+    try:
+        code: int = args.run(args)
+        return code
+    except Trouble as exc:
+        print(f"fsmc: error: {exc}", file=sys.stderr)
+        return EXIT_TROUBLE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception:  # our bug, never the user's: say so plainly
+        print(
+            "fsmc: internal error (a bug in fsmc, not in your spec; please report it):",
+            file=sys.stderr,
+        )
+        traceback.print_exc(limit=-3, file=sys.stderr)
+        return EXIT_BUG
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fsmc",
+        description="Check a state-machine spec, and generate Python, PostgreSQL, "
+        "Mermaid and tests that agree with it.",
+    )
+    p.add_argument("--version", action="version", version=f"fsmc {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    check = sub.add_parser("check", help="validate specs and report diagnostics")
+    _spec_args(check)
+    check.set_defaults(run=_check)
+
+    build = sub.add_parser("build", help="validate, then generate code for specs")
+    _spec_args(build)
+    build.add_argument("--out", default="generated", metavar="DIR", help="default: generated/")
+    build.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 and print a diff if any generated file is stale",
+    )
+    build.set_defaults(run=_build)
+
+    graph = sub.add_parser("graph", help="print the state diagram")
+    graph.add_argument("spec", metavar="SPEC")
+    graph.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
+    graph.set_defaults(run=_graph)
+
+    diff = sub.add_parser("diff", help="compare two versions of a spec")
+    diff.add_argument("old", metavar="OLD")
+    diff.add_argument("new", metavar="NEW")
+    diff.add_argument("--format", choices=["text", "markdown", "json"], default="text")
+    diff.set_defaults(run=_diff)
+
+    migrate = sub.add_parser("migrate", help="SQL that upgrades a database from OLD to NEW")
+    migrate.add_argument("old", metavar="OLD")
+    migrate.add_argument("new", metavar="NEW")
+    migrate.add_argument("--out", metavar="FILE", help="write the SQL here instead of stdout")
+    migrate.set_defaults(run=_migrate)
+
+    schema = sub.add_parser("schema", help="print the JSON Schema of the spec language")
+    schema.set_defaults(run=_schema)
+    return p
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="a path, or REV:PATH from git")
+    p.add_argument("--format", choices=["text", "json", "github"], default="text")
+    p.add_argument("--strict", action="store_true", help="warnings fail too")
+
+
+def _print_diagnostics(diagnostics: list[Diagnostic], fmt: str) -> None:
+    text = render(diagnostics, fmt)
+    if fmt == "text":
+        sys.stderr.write(text)
+    elif fmt == "json" or text:
+        sys.stdout.write(text)
+
+
+def _checked(arg: str):  # type: ignore[no-untyped-def]
+    from fsmc import pipeline, source
+
+    try:
+        return pipeline.check(source.read(arg))
+    except source.SourceError as exc:
+        raise Trouble(str(exc)) from None
+
+
+def _check(args: argparse.Namespace) -> int:
+    results = [_checked(arg) for arg in args.specs]
+    diagnostics = [d for r in results for d in r.diagnostics]
+    _print_diagnostics(diagnostics, args.format)
+    return EXIT_OK if all(r.ok(strict=args.strict) for r in results) else EXIT_ERRORS
+
+
+def _build(args: argparse.Namespace) -> int:
+    from fsmc import output
+    from fsmc.targets import generate
+
+    results = [_checked(arg) for arg in args.specs]
+    _print_diagnostics([d for r in results for d in r.diagnostics], args.format)
+    if not all(r.ok(strict=args.strict) for r in results):
+        print("fsmc: nothing written: the specs have errors", file=sys.stderr)
+        return EXIT_ERRORS
+    files: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    for arg, result in zip(args.specs, results, strict=True):
+        machine = result.machine
+        if machine.name in owners:
+            raise Trouble(
+                f"{owners[machine.name]} and {arg} both define machine '{machine.name}'"
+            )
+        owners[machine.name] = arg
+        generated = generate(machine)
+        for warning in generated.warnings:
+            print(f"fsmc: warning: {warning}", file=sys.stderr)
+        files.update(generated.files)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise Trouble(f"{out}: not a directory")
+    if args.check:
+        stale = output.compare(out, files)
+        if stale.current:
+            return EXIT_OK
+        sys.stdout.write(stale.diff)
+        for rel in stale.changed:
+            print(f"fsmc: stale: {(out / rel).as_posix()}", file=sys.stderr)
+        for rel in stale.missing:
+            print(f"fsmc: missing: {(out / rel).as_posix()}", file=sys.stderr)
+        for rel in stale.orphans:
+            print(f"fsmc: orphan: {(out / rel).as_posix()}", file=sys.stderr)
+        print("fsmc: generated files are out of date; run fsmc build", file=sys.stderr)
+        return EXIT_ERRORS
+    try:
+        output.write(out, files)
+    except OSError as exc:
+        raise Trouble(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
+    return EXIT_OK
+
+
+def _graph(args: argparse.Namespace) -> int:
+    from fsmc.targets import graph
+
+    result = _checked(args.spec)
+    blocking = [d for d in result.diagnostics if d.is_error and d.code in graph.BLOCKING]
+    _print_diagnostics(result.diagnostics, "text")
+    if result.machine is None or blocking:
+        return EXIT_ERRORS
+    sys.stdout.write(graph.render(result.machine, args.format))
+    return EXIT_OK
+
+
+def _diff(args: argparse.Namespace) -> int:
+    raise Trouble("fsmc diff is not built yet")
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    raise Trouble("fsmc migrate is not built yet")
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from fsmc.shape import schema_text
+
+    sys.stdout.write(schema_text())
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

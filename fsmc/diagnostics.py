@@ -1,0 +1,106 @@
+"""Diagnostics: what every stage returns for a user mistake, and how they are printed.
+
+A `Diagnostic` is five facts (position, severity, code, message) plus the file it
+belongs to. Stages create them with 1-based lines and columns; only the CLI prints
+them, in one of three formats:
+
+    text    FILE:LINE:COL: SEVERITY: MESSAGE [CODE]      (stderr, like mypy and ruff)
+    json    a JSON array of {file, line, col, severity, code, message}   (stdout)
+    github  ::error file=F,line=L,col=C,title=CODE::MESSAGE   (stdout, Actions annotations)
+
+Printing sorts by (file, line, col, code, message) and drops exact duplicates, so
+output does not depend on the order in which rules ran.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning"]
+
+# The contract's table of codes, in the order the README lists them.
+CODES: dict[str, tuple[Severity, str]] = {
+    "yaml-syntax": ("error", "the file is not valid YAML (or not UTF-8 text)"),
+    "duplicate-key": ("error", "a mapping repeats a key"),
+    "schema": ("error", "the document does not fit the spec language"),
+    "limit": ("error", "the file is past one of fsmc's documented size limits"),
+    "bad-name": ("error", "a name breaks the naming rule"),
+    "duplicate-name": ("error", "a state or event is declared twice"),
+    "unknown-state": ("error", "a reference names an undeclared state"),
+    "unknown-event": ("error", "a reference names an undeclared event"),
+    "duplicate-transition": ("error", "the same (from, event) pair is declared twice"),
+    "unreachable-state": ("error", "a state cannot be reached from `initial`"),
+    "terminal-exit": ("error", "a terminal state has an outgoing transition"),
+    "dead-end": ("error", "a non-terminal state has no outgoing transition"),
+    "trap": ("error", "from a non-terminal state no terminal state can be reached"),
+    "lease-reclaim": ("error", "a lease state has no transition on the reclaim event"),
+    "unused-event": ("warning", "a declared event is used by no transition"),
+}
+
+
+@dataclass(frozen=True, order=True)
+class Diagnostic:
+    file: str
+    line: int
+    col: int
+    code: str
+    message: str
+
+    @property
+    def severity(self) -> Severity:
+        return CODES[self.code][0]
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+    def as_text(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}: {self.severity}: {self.message} [{self.code}]"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "col": self.col,
+            "severity": self.severity,
+            "code": self.code,
+            "message": self.message,
+        }
+
+    def as_github(self) -> str:
+        # Workflow-command escaping, as actions/toolkit does it: properties escape
+        # , and : as well; the message escapes %, CR and LF.
+        def prop(value: str) -> str:
+            return _escape_data(value).replace(":", "%3A").replace(",", "%2C")
+
+        level = "error" if self.is_error else "warning"
+        return (
+            f"::{level} file={prop(self.file)},line={self.line},col={self.col},"
+            f"title={prop(self.code)}::{_escape_data(self.message)}"
+        )
+
+
+def _escape_data(value: str) -> str:
+    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def ordered(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    """Sorted, without exact duplicates: the order printing uses."""
+    return sorted(set(diagnostics))
+
+
+def has_errors(diagnostics: Iterable[Diagnostic], *, strict: bool = False) -> bool:
+    return any(d.is_error or strict for d in diagnostics)
+
+
+def render(diagnostics: Iterable[Diagnostic], fmt: str) -> str:
+    """The printed form of `diagnostics` in `fmt` (text, json or github)."""
+    items = ordered(diagnostics)
+    if fmt == "json":
+        return json.dumps([d.as_dict() for d in items], indent=2, ensure_ascii=False) + "\n"
+    if fmt == "github":
+        return "".join(d.as_github() + "\n" for d in items)
+    return "".join(d.as_text() + "\n" for d in items)

@@ -1,0 +1,126 @@
+"""Shape: the JSON Schema check of a loaded spec, as positioned diagnostics.
+
+The schema (`spec.schema.json`, printed by `fsmc schema`) is the one editors use.
+Every jsonschema error becomes a `schema` diagnostic at the node it is about, with
+a message that names the JSON path (`transitions[3].to: ...`). Errors about the
+*spelling* of a name (pattern, maxLength) are left out: the `bad-name` rule
+reports those with the naming rule spelled out, and once is enough.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from fsmc.diagnostics import Diagnostic
+from fsmc.load import Document, describe_value, format_path, key_position, position_of
+
+_NUL_FREE = "^[^\\u0000]*$"
+
+
+@cache
+def schema_text() -> str:
+    return resources.files("fsmc").joinpath("spec.schema.json").read_text(encoding="utf-8")
+
+
+@cache
+def _validator() -> Any:
+    # Imported here: `fsmc graph` and `fsmc schema` should not pay for jsonschema.
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(json.loads(schema_text()))
+
+
+def check_shape(doc: Document) -> list[Diagnostic]:
+    """One `schema` diagnostic per way `doc` does not fit the spec language."""
+    if doc.root is None:
+        return [_diag(doc, (1, 1), "the spec is empty; expected a mapping with keys fsmc, machine, "
+                      "initial, states, terminals, events and transitions")]  # fmt: skip
+    out: list[Diagnostic] = []
+    for error in _validator().iter_errors(doc.root):
+        out.extend(_from_error(doc, error))
+    return out
+
+
+def _diag(doc: Document, pos: tuple[int, int], message: str) -> Diagnostic:
+    return Diagnostic(doc.file, pos[0], pos[1], "schema", message)
+
+
+def _from_error(doc: Document, error: Any) -> list[Diagnostic]:
+    found = _translate(doc, error)
+    if found is None:
+        return []
+    return found if isinstance(found, list) else [found]
+
+
+def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | None:
+    parts = list(error.absolute_path)
+    where = format_path(parts) or "(top level)"
+    kind, expected = error.validator, error.validator_value
+    if kind in ("pattern", "maxLength", "propertyNames"):
+        if kind == "pattern" and expected == _NUL_FREE:
+            return _diag(
+                doc, position_of(doc.root, parts),
+                f"{where}: text contains a NUL character, which PostgreSQL cannot store",
+            )  # fmt: skip
+        return None  # the bad-name rule reports these
+    if kind == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else "?"
+        return _diag(doc, position_of(doc.root, parts), f"{where}: missing required key '{missing}'")
+    if kind == "additionalProperties":
+        # jsonschema reports all unknown keys of a mapping at once; one each is clearer.
+        allowed = list(error.schema.get("properties", {}))
+        return [
+            _diag(
+                doc, key_position(doc.root, parts, key),
+                f"{where}: unknown key '{key}'{_suggest(key, allowed)}; "
+                f"allowed keys: {', '.join(allowed)}",
+            )
+            for key in error.instance
+            if key not in allowed
+        ]  # fmt: skip
+    if kind == "type":
+        wanted = expected if isinstance(expected, list) else [expected]
+        names = " or ".join(_TYPE_NAMES.get(t, t) for t in wanted)
+        hint = ""
+        if "string" in wanted and isinstance(error.instance, (bool, int, float)) or (
+            "string" in wanted and error.instance is None
+        ):
+            hint = "; quote it to use it as a name"
+        return _diag(
+            doc, position_of(doc.root, parts),
+            f"{where}: expected {names}, got {describe_value(error.instance)}{hint}",
+        )  # fmt: skip
+    if kind == "const" and parts == ["fsmc"]:
+        return _diag(
+            doc, position_of(doc.root, parts),
+            f"fsmc: unsupported spec format version {describe_value(error.instance)}; "
+            "this fsmc reads version 1",
+        )  # fmt: skip
+    if kind == "enum":
+        options = ", ".join(str(v) for v in expected)
+        return _diag(
+            doc, position_of(doc.root, parts),
+            f"{where}: {describe_value(error.instance)} is not one of {options}",
+        )  # fmt: skip
+    if kind == "minItems":
+        return _diag(doc, position_of(doc.root, parts), f"{where}: the list must not be empty")
+    return _diag(doc, position_of(doc.root, parts), f"{where}: {error.message}")
+
+
+_TYPE_NAMES = {
+    "string": "a string",
+    "array": "a list",
+    "object": "a mapping",
+    "integer": "an integer",
+    "null": "null",
+}
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+

@@ -1,0 +1,76 @@
+"""Source: a spec argument (a path, or `REV:PATH` read from git) -> its bytes.
+
+Trouble here is the user's environment, not the spec: a missing file, a
+directory, an unreadable file, a git revision that does not exist. It raises
+`SourceError`, which the CLI turns into exit status 2. At most `MAX_BYTES + 1`
+bytes are read, so `/dev/zero` or a 20 GB file costs nothing; the loader then
+refuses anything past the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from fsmc.load import MAX_BYTES
+
+
+class SourceError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Source:
+    file: str  # the argument as the user wrote it; diagnostics use it
+    path: str  # a relative path for generated headers (no absolute paths in output)
+    data: bytes
+
+
+def read(arg: str) -> Source:
+    if os.path.lexists(arg) or ":" not in arg:
+        return Source(arg, _header_path(arg), _read_file(arg))
+    rev, _, path = arg.partition(":")
+    return Source(arg, PurePosixPath(path).as_posix(), _read_git(rev, path, arg))
+
+
+def _header_path(arg: str) -> str:
+    absolute = os.path.abspath(arg)
+    try:
+        relative = os.path.relpath(absolute)
+    except ValueError:  # another drive, on Windows
+        relative = arg
+    if relative.startswith(".."):
+        relative = os.path.basename(absolute) if os.path.isabs(arg) else arg
+    return PurePosixPath(*relative.split(os.sep)).as_posix()
+
+
+def _read_file(arg: str) -> bytes:
+    try:
+        with open(arg, "rb") as f:
+            return f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise SourceError(f"{arg}: no such file") from None
+    except IsADirectoryError:
+        raise SourceError(f"{arg}: is a directory, not a spec file") from None
+    except PermissionError:
+        raise SourceError(f"{arg}: permission denied") from None
+    except OSError as exc:
+        raise SourceError(f"{arg}: cannot read: {exc.strerror or exc}") from None
+
+
+def _read_git(rev: str, path: str, arg: str) -> bytes:
+    try:
+        done = subprocess.run(
+            ["git", "show", f"{rev}:{path}"],
+            capture_output=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except OSError as exc:
+        raise SourceError(f"{arg}: cannot run git: {exc.strerror or exc}") from None
+    if done.returncode != 0:
+        reason = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise SourceError(f"{arg}: {reason[-1] if reason else 'git show failed'}")
+    return done.stdout

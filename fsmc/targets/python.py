@@ -1,0 +1,44 @@
+"""The Python module (contract 4.1): enums, the read-only table, apply, the dataclass,
+and `transition()`, which calls the database function of the SQL target."""
+
+from __future__ import annotations
+
+from fsmc.model import Machine
+from fsmc.targets import sqlstate
+from fsmc.targets.common import header_context, module_name
+from fsmc.templating import render
+
+ID_TYPES = {"uuid": "uuid.UUID", "bigint": "int", "text": "str"}
+# A sample id per id type, as Python source, for the generated tests.
+SAMPLE_IDS = {"uuid": 'uuid.UUID(int=1)', "bigint": "1", "text": '"id-1"'}
+
+
+def member(name: str) -> str:
+    """The enum member name of a state or event: its name upper-cased."""
+    return name.upper()
+
+
+def context(machine: Machine) -> dict[str, object]:
+    m = machine
+    descriptions = {str(d.name): d.description for d in m.states}
+    event_descriptions = {str(d.name): d.description for d in m.events}
+    return {
+        **header_context(m),
+        "machine": str(m.name),
+        "module": module_name(m.name),
+        "class_name": m.camel_name,
+        "description": m.description,
+        "states": [(member(s), s, descriptions.get(s)) for s in m.state_names],
+        "events": [(member(e), e, event_descriptions.get(e)) for e in m.event_names],
+        "initial": member(str(m.initial)),
+        "terminals": [member(s) for s in m.state_names if s in m.terminal_names],
+        "transitions": [(member(s), member(e), member(t)) for s, e, t in m.edges],
+        "id_type": ID_TYPES[m.postgres.id_type],
+        "uses_uuid": m.postgres.id_type == "uuid",
+        "apply_function": f"{m.name}_apply",
+        "illegal_sqlstate": sqlstate.ILLEGAL_TRANSITION,
+    }
+
+
+def emit(machine: Machine) -> str:
+    return render("module.py.j2", **context(machine))

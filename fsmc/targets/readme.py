@@ -1,0 +1,50 @@
+"""The review README: the diagram and the tables of states, events and transitions,
+as GitHub renders them. Every spec text goes through the Markdown escaper, so a
+description cannot add a row, a heading or HTML."""
+
+from __future__ import annotations
+
+from fsmc.model import Machine
+from fsmc.targets.common import Paths, header_context
+from fsmc.templating import render
+
+
+def emit(machine: Machine, diagram: str) -> str:
+    m = machine
+    paths = Paths.of(m)
+    states = []
+    for d in m.states:
+        notes = []
+        if d.name == m.initial:
+            notes.append("initial")
+        if d.name in m.terminal_names:
+            notes.append("terminal")
+        if m.lease and d.name in m.lease.states:
+            notes.append("lease")
+        states.append((str(d.name), ", ".join(notes), d.description or ""))
+    return render(
+        "README.md.j2",
+        **header_context(m),
+        machine=str(m.name),
+        description=m.description or "",
+        diagram=diagram,
+        states=states,
+        events=[(str(d.name), d.description or "") for d in m.events],
+        transitions=[
+            (str(t.source), str(t.event), str(t.target), t.description or "")
+            for t in _first_of_each(m)
+        ],
+        lease=m.lease,
+        files=[p.split("/", 1)[1] for p in (paths.module, paths.sql, paths.mermaid, paths.tests)],
+    )
+
+
+def _first_of_each(m: Machine) -> list:  # type: ignore[type-arg]
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for t in m.transitions:
+        key = (str(t.source), str(t.event))
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out

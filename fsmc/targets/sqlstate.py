@@ -1,0 +1,23 @@
+"""The SQLSTATE codes the generated PostgreSQL raises, shared by the SQL target and the
+Python module's `transition()`. All are in class 23 (integrity constraint violation),
+so psycopg raises them as `psycopg.errors.IntegrityError` subclasses.
+
+| code  | raised when |
+| ----- | ----------- |
+| 23F01 | `<machine>_apply`: the current state has no transition on the event (terminal included) |
+| 23F02 | `<machine>_apply`: the event is not one the spec declares |
+| 23F03 | `<machine>_apply` / `<machine>_heartbeat`: no row has that id |
+| 23F04 | a direct write moves a row along an edge the spec lacks, out of a terminal, or without bumping `state_version` by one; or inserts a row not in the initial state at version 0 |
+| 23F05 | at COMMIT: a row's state changed without the matching event row |
+| 23F06 | UPDATE or DELETE on the append-only event log |
+
+The messages of 23F01 name the state and the event as `state "S"` and `event "E"`,
+and its DETAIL is `state=S event=E`, which `transition()` reads back.
+"""
+
+ILLEGAL_TRANSITION = "23F01"
+UNKNOWN_EVENT = "23F02"
+UNKNOWN_ID = "23F03"
+BYPASS_WRITE = "23F04"
+UNLOGGED_CHANGE = "23F05"
+APPEND_ONLY = "23F06"

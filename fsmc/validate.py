@@ -1,0 +1,274 @@
+"""Validate: the rules of the spec language, one function per diagnostic code.
+
+`validate(machine)` runs every rule and returns all diagnostics (unsorted; the
+printer sorts). Reference rules run first; the graph rules run only on a machine
+whose names all resolve, so one misspelt state is one diagnostic, not five.
+Each rule points at the node at fault: the misspelt name, the second declaration,
+the transition that breaks the rule, or (for rules about a state) its declaration.
+"""
+
+from __future__ import annotations
+
+import difflib
+import keyword
+import re
+from collections.abc import Callable, Iterable, Iterator
+
+from fsmc.diagnostics import Diagnostic
+from fsmc.load import Text
+from fsmc.model import Machine, camel
+
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+NAME_MAX = 48
+TABLE = re.compile(r"[a-z_][a-z0-9_]*")
+TABLE_MAX = 63
+# CamelCase forms the generated module already defines.
+RESERVED_CAMEL = {"State": "state", "Event": "event", "IllegalTransition": "illegal_transition"}
+
+Rule = Callable[[Machine], Iterator[Diagnostic]]
+
+
+def _at(m: Machine, where: Text | tuple[int, int], code: str, message: str) -> Diagnostic:
+    line, col = where.pos if isinstance(where, Text) else where
+    return Diagnostic(m.file, line, col, code, message)
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def bad_name(m: Machine) -> Iterator[Diagnostic]:
+    name = m.name
+    problem = _name_problem(name, NAME, NAME_MAX, "[a-z][a-z0-9_]*")
+    if problem:
+        yield _at(m, name, "bad-name", f"machine name '{name}' {problem}")
+    elif keyword.iskeyword(name) or keyword.iskeyword(camel(name)):
+        yield _at(
+            m, name, "bad-name",
+            f"machine name '{name}' cannot be used: '{name}' or its class name "
+            f"'{camel(name)}' is a Python keyword",
+        )  # fmt: skip
+    elif camel(name) in RESERVED_CAMEL:
+        yield _at(
+            m, name, "bad-name",
+            f"machine name '{name}' cannot be used: its class name '{camel(name)}' "
+            f"collides with the generated module's own {camel(name)}",
+        )  # fmt: skip
+    for kind, decls in (("state", m.states), ("event", m.events)):
+        for d in decls:
+            problem = _name_problem(d.name, NAME, NAME_MAX, "[a-z][a-z0-9_]*")
+            if problem:
+                yield _at(m, d.name, "bad-name", f"{kind} name '{d.name}' {problem}")
+    for key, table in (("table", m.postgres.table), ("events_table", m.postgres.events_table)):
+        problem = _name_problem(table, TABLE, TABLE_MAX, "[a-z_][a-z0-9_]*")
+        if problem:
+            yield _at(m, table, "bad-name", f"postgres.{key} '{table}' {problem}")
+    if m.postgres.table == m.postgres.events_table:
+        yield _at(
+            m, m.postgres.events_table, "bad-name",
+            f"postgres.events_table '{m.postgres.events_table}' is the same as postgres.table",
+        )  # fmt: skip
+
+
+def _name_problem(name: str, pattern: re.Pattern[str], limit: int, shown: str) -> str | None:
+    if not pattern.fullmatch(name):
+        return f"must match {shown} (lower-case letters, digits and _, starting with a letter)"
+    if len(name) > limit:
+        return f"is {len(name)} characters long; the limit is {limit}"
+    return None
+
+
+def duplicate_name(m: Machine) -> Iterator[Diagnostic]:
+    lists: list[tuple[str, Iterable[Text]]] = [
+        ("state", (d.name for d in m.states)),
+        ("event", (d.name for d in m.events)),
+        ("terminal", m.terminals),
+    ]
+    if m.lease:
+        lists.append(("lease state", m.lease.states))
+    for kind, names in lists:
+        first: dict[str, Text] = {}
+        for name in names:
+            if name in first:
+                yield _at(
+                    m, name, "duplicate-name",
+                    f"{kind} '{name}' is declared twice (first at line {first[name].line})",
+                )  # fmt: skip
+            else:
+                first[name] = name
+
+
+def unknown_state(m: Machine) -> Iterator[Diagnostic]:
+    declared = m.state_names
+    known = set(declared)
+    refs: list[tuple[str, Text]] = []
+    if m.initial is not None:
+        refs.append(("initial state", m.initial))
+    refs += [("terminal", t) for t in m.terminals]
+    if m.lease:
+        refs += [("lease state", s) for s in m.lease.states]
+    seen: set[tuple[int, int]] = set()
+    for t in m.transitions:
+        # A transition from a list shares its `to`: report each written name once.
+        for role, name in (("source", t.source), ("target", t.target)):
+            if name.pos not in seen:
+                seen.add(name.pos)
+                refs.append((f"transitions[{t.index}] {role}", name))
+    for what, name in refs:
+        if name not in known:
+            yield _at(
+                m, name, "unknown-state",
+                f"{what} '{name}' is not a declared state{_did_you_mean(name, declared)}",
+            )  # fmt: skip
+
+
+def unknown_event(m: Machine) -> Iterator[Diagnostic]:
+    declared = m.event_names
+    known = set(declared)
+    refs: list[tuple[str, Text]] = []
+    seen: set[tuple[int, int]] = set()
+    for t in m.transitions:
+        if t.event.pos not in seen:
+            seen.add(t.event.pos)
+            refs.append((f"transitions[{t.index}] event", t.event))
+    if m.lease:
+        refs.append(("lease.reclaim", m.lease.reclaim))
+    for what, name in refs:
+        if name not in known:
+            yield _at(
+                m, name, "unknown-event",
+                f"{what} '{name}' is not a declared event{_did_you_mean(name, declared)}",
+            )  # fmt: skip
+
+
+def duplicate_transition(m: Machine) -> Iterator[Diagnostic]:
+    first: dict[tuple[str, str], int] = {}
+    for t in m.transitions:
+        key = (str(t.source), str(t.event))
+        if key in first:
+            yield _at(
+                m, t.source, "duplicate-transition",
+                f"transitions[{t.index}]: ({t.source}, {t.event}) is already declared by "
+                f"transitions[{first[key]}]; the machine must be deterministic",
+            )  # fmt: skip
+        else:
+            first[key] = t.index
+
+
+def terminal_exit(m: Machine) -> Iterator[Diagnostic]:
+    terminals = m.terminal_names
+    for t in m.transitions:
+        if t.source in terminals:
+            yield _at(
+                m, t.source, "terminal-exit",
+                f"transitions[{t.index}]: terminal state '{t.source}' has an outgoing "
+                f"transition on '{t.event}' (to '{t.target}')",
+            )  # fmt: skip
+
+
+def _graph(m: Machine):  # type: ignore[no-untyped-def]  # networkx is untyped
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_nodes_from(m.state_names)
+    g.add_edges_from((s, t) for s, _, t in m.edges)
+    return g
+
+
+def unreachable_state(m: Machine) -> Iterator[Diagnostic]:
+    import networkx as nx
+
+    if m.initial is None:
+        return
+    reached = nx.descendants(_graph(m), str(m.initial)) | {str(m.initial)}
+    for d in _first_declarations(m):
+        if d not in reached:
+            yield _at(
+                m, d, "unreachable-state",
+                f"state '{d}' cannot be reached from the initial state '{m.initial}'",
+            )  # fmt: skip
+
+
+def dead_end(m: Machine) -> Iterator[Diagnostic]:
+    sources = {s for s, _, _ in m.edges}
+    for d in _first_declarations(m):
+        if d not in m.terminal_names and d not in sources:
+            yield _at(
+                m, d, "dead-end",
+                f"state '{d}' is not terminal but has no outgoing transition; "
+                "add one, or list it in terminals",
+            )  # fmt: skip
+
+
+def trap(m: Machine) -> Iterator[Diagnostic]:
+    import networkx as nx
+
+    g = _graph(m)
+    escapes: set[str] = set(m.terminal_names)
+    for terminal in m.terminal_names:
+        escapes |= nx.ancestors(g, terminal)
+    sources = {s for s, _, _ in m.edges}
+    for d in _first_declarations(m):
+        # A state with no way out at all is a dead-end; saying "trap" too adds nothing.
+        if d not in escapes and d in sources:
+            yield _at(
+                m, d, "trap",
+                f"state '{d}' cannot reach any terminal state "
+                f"({', '.join(sorted(m.terminal_names)) or 'none declared'}); "
+                "every path from it cycles forever",
+            )  # fmt: skip
+
+
+def lease_reclaim(m: Machine) -> Iterator[Diagnostic]:
+    if m.lease is None:
+        return
+    for state in m.lease.states:
+        if (str(state), str(m.lease.reclaim)) not in m.table:
+            yield _at(
+                m, state, "lease-reclaim",
+                f"lease state '{state}' has no transition on the reclaim event "
+                f"'{m.lease.reclaim}', so a stale worker's job could never be reclaimed",
+            )  # fmt: skip
+
+
+def unused_event(m: Machine) -> Iterator[Diagnostic]:
+    used = {e for _, e, _ in m.edges}
+    seen: set[str] = set()
+    for d in m.events:
+        if d.name not in used and d.name not in seen:
+            seen.add(d.name)
+            yield _at(m, d.name, "unused-event", f"event '{d.name}' is used by no transition")
+
+
+def _first_declarations(m: Machine) -> list[Text]:
+    out: dict[str, Text] = {}
+    for d in m.states:
+        out.setdefault(d.name, d.name)
+    return list(out.values())
+
+
+REFERENCE_RULES: tuple[Rule, ...] = (
+    bad_name,
+    duplicate_name,
+    unknown_state,
+    unknown_event,
+    duplicate_transition,
+    terminal_exit,
+    unused_event,
+)
+GRAPH_RULES: tuple[Rule, ...] = (unreachable_state, dead_end, trap, lease_reclaim)
+# Codes that make the graph meaningless: names that do not resolve.
+_BLOCKING = {"duplicate-name", "unknown-state", "unknown-event"}
+
+
+def validate(m: Machine, *, shape_ok: bool = True) -> list[Diagnostic]:
+    """Every diagnostic the rules find in `m`.
+
+    `shape_ok` is False when the schema stage found errors: the model may then miss
+    transitions, and graph rules would report consequences rather than causes.
+    """
+    found = [d for rule in REFERENCE_RULES for d in rule(m)]
+    if shape_ok and m.initial is not None and not any(d.code in _BLOCKING for d in found):
+        found += [d for rule in GRAPH_RULES for d in rule(m)]
+    return found
