@@ -18,6 +18,17 @@ def member(name: str) -> str:
     return name.upper()
 
 
+def exports(class_name: str) -> list[str]:
+    """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
+    names = ["INITIAL", "TERMINAL", "TRANSITIONS", "Connection", "Event", "IllegalTransition",
+             "State", class_name, "apply", "transition"]  # fmt: skip
+
+    def rank(name: str) -> tuple[int, str]:
+        return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+    return sorted(names, key=rank)
+
+
 def context(machine: Machine) -> dict[str, object]:
     m = machine
     descriptions = {str(d.name): d.description for d in m.states}
@@ -27,6 +38,7 @@ def context(machine: Machine) -> dict[str, object]:
         "machine": str(m.name),
         "module": module_name(m.name),
         "class_name": m.camel_name,
+        "exports": exports(m.camel_name),
         "description": m.description,
         "states": [(member(s), s, descriptions.get(s)) for s in m.state_names],
         "events": [(member(e), e, event_descriptions.get(e)) for e in m.event_names],

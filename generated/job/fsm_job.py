@@ -24,6 +24,7 @@ __all__ = [
     "INITIAL",
     "TERMINAL",
     "TRANSITIONS",
+    "Connection",
     "Event",
     "IllegalTransition",
     "Job",

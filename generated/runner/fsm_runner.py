@@ -23,6 +23,7 @@ __all__ = [
     "INITIAL",
     "TERMINAL",
     "TRANSITIONS",
+    "Connection",
     "Event",
     "IllegalTransition",
     "Runner",

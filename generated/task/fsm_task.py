@@ -23,10 +23,11 @@ __all__ = [
     "INITIAL",
     "TERMINAL",
     "TRANSITIONS",
+    "Connection",
     "Event",
     "IllegalTransition",
-    "Task",
     "State",
+    "Task",
     "apply",
     "transition",
 ]
