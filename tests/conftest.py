@@ -1,0 +1,49 @@
+"""Shared test fixtures: the hypothesis profile, the PostgreSQL server, paths.
+
+Database tests take the `pg_dsn` fixture. Without FSMC_PG_DSN they skip, except
+when FSMC_REQUIRE_PG is set (as .ci/run sets it): then they fail, so CI can never
+pass with the database part silently skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+GENERATED = ROOT / "generated"
+
+# Deterministic in CI (same examples every run), bounded so the suite stays fast.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    max_examples=60,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    dsn = os.environ.get("FSMC_PG_DSN")
+    if not dsn:
+        if os.environ.get("FSMC_REQUIRE_PG"):
+            pytest.fail("FSMC_REQUIRE_PG is set but FSMC_PG_DSN is not")
+        pytest.skip("FSMC_PG_DSN is not set")
+    try:
+        import psycopg
+
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            conn.execute("select 1")
+    except Exception as exc:  # noqa: BLE001 - any failure means the server is unusable
+        if os.environ.get("FSMC_REQUIRE_PG"):
+            pytest.fail(f"PostgreSQL at {dsn} is unreachable: {exc}")
+        pytest.skip(f"PostgreSQL at {dsn} is unreachable: {exc}")
+    return dsn
