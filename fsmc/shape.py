@@ -16,7 +16,7 @@ from importlib import resources
 from typing import Any
 
 from fsmc.diagnostics import Diagnostic
-from fsmc.load import Document, describe_value, format_path, key_position, position_of
+from fsmc.load import Document, Mapping, describe_value, format_path, key_position, position_of
 
 _NUL_FREE = "^[^\\u0000]*$"
 
@@ -39,10 +39,28 @@ def check_shape(doc: Document) -> list[Diagnostic]:
     if doc.root is None:
         return [_diag(doc, (1, 1), "the spec is empty; expected a mapping with keys fsmc, machine, "
                       "initial, states, terminals, events and transitions")]  # fmt: skip
+    version = _version_problem(doc)
+    if version is not None:
+        return [version]
     out: list[Diagnostic] = []
     for error in _validator().iter_errors(doc.root):
         out.extend(_from_error(doc, error))
     return out
+
+
+def _version_problem(doc: Document) -> Diagnostic | None:
+    """A spec of another format version is not judged by version 1's rules at all."""
+    root = doc.root
+    if not isinstance(root, Mapping) or "fsmc" not in root:
+        return None
+    version = root["fsmc"]
+    if type(version) is int and version == 1:
+        return None
+    if type(version) is int:
+        message = f"fsmc: unsupported spec format version {version}; this fsmc reads version 1"
+    else:
+        message = f"fsmc: expected the format version, the integer 1; got {describe_value(version)}"
+    return _diag(doc, root.value_pos["fsmc"], message)
 
 
 def _diag(doc: Document, pos: tuple[int, int], message: str) -> Diagnostic:
@@ -93,12 +111,6 @@ def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | Non
         return _diag(
             doc, position_of(doc.root, parts),
             f"{where}: expected {names}, got {describe_value(error.instance)}{hint}",
-        )  # fmt: skip
-    if kind == "const" and parts == ["fsmc"]:
-        return _diag(
-            doc, position_of(doc.root, parts),
-            f"fsmc: unsupported spec format version {describe_value(error.instance)}; "
-            "this fsmc reads version 1",
         )  # fmt: skip
     if kind == "enum":
         options = ", ".join(str(v) for v in expected)

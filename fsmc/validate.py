@@ -33,6 +33,12 @@ def _at(m: Machine, where: Text | tuple[int, int], code: str, message: str) -> D
     return Diagnostic(m.file, line, col, code, message)
 
 
+def _where(first: Text, again: Text) -> str:
+    if first.line == again.line:
+        return f"line {first.line}, column {first.col}"
+    return f"line {first.line}"
+
+
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
@@ -93,7 +99,7 @@ def duplicate_name(m: Machine) -> Iterator[Diagnostic]:
             if name in first:
                 yield _at(
                     m, name, "duplicate-name",
-                    f"{kind} '{name}' is declared twice (first at line {first[name].line})",
+                    f"{kind} '{name}' is declared twice (first at {_where(first[name], name)})",
                 )  # fmt: skip
             else:
                 first[name] = name
@@ -101,45 +107,39 @@ def duplicate_name(m: Machine) -> Iterator[Diagnostic]:
 
 def unknown_state(m: Machine) -> Iterator[Diagnostic]:
     declared = m.state_names
-    known = set(declared)
     refs: list[tuple[str, Text]] = []
     if m.initial is not None:
-        refs.append(("initial state", m.initial))
-    refs += [("terminal", t) for t in m.terminals]
+        refs.append(("initial", m.initial))
+    refs += [("terminals", t) for t in m.terminals]
     if m.lease:
-        refs += [("lease state", s) for s in m.lease.states]
-    seen: set[tuple[int, int]] = set()
+        refs += [("lease.states", s) for s in m.lease.states]
     for t in m.transitions:
-        # A transition from a list shares its `to`: report each written name once.
-        for role, name in (("source", t.source), ("target", t.target)):
-            if name.pos not in seen:
-                seen.add(name.pos)
-                refs.append((f"transitions[{t.index}] {role}", name))
-    for what, name in refs:
-        if name not in known:
-            yield _at(
-                m, name, "unknown-state",
-                f"{what} '{name}' is not a declared state{_did_you_mean(name, declared)}",
-            )  # fmt: skip
+        refs += [(f"transitions[{t.index}].from", t.source), (f"transitions[{t.index}].to", t.target)]
+    yield from _unknown(m, refs, declared, "unknown-state", "state")
 
 
 def unknown_event(m: Machine) -> Iterator[Diagnostic]:
-    declared = m.event_names
-    known = set(declared)
-    refs: list[tuple[str, Text]] = []
-    seen: set[tuple[int, int]] = set()
-    for t in m.transitions:
-        if t.event.pos not in seen:
-            seen.add(t.event.pos)
-            refs.append((f"transitions[{t.index}] event", t.event))
+    refs = [(f"transitions[{t.index}].event", t.event) for t in m.transitions]
     if m.lease:
         refs.append(("lease.reclaim", m.lease.reclaim))
-    for what, name in refs:
-        if name not in known:
-            yield _at(
-                m, name, "unknown-event",
-                f"{what} '{name}' is not a declared event{_did_you_mean(name, declared)}",
-            )  # fmt: skip
+    yield from _unknown(m, refs, m.event_names, "unknown-event", "event")
+
+
+def _unknown(
+    m: Machine, refs: list[tuple[str, Text]], declared: tuple[str, ...], code: str, kind: str
+) -> Iterator[Diagnostic]:
+    known = set(declared)
+    seen: set[tuple[int, int]] = set()
+    for path, name in refs:
+        # A `from` list yields one transition per source, all sharing the written `to`
+        # and `event`: report each written name once.
+        if name in known or name.pos in seen:
+            continue
+        seen.add(name.pos)
+        yield _at(
+            m, name, code,
+            f"{path}: '{name}' is not a declared {kind}{_did_you_mean(name, declared)}",
+        )  # fmt: skip
 
 
 def duplicate_transition(m: Machine) -> Iterator[Diagnostic]:
