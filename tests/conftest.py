@@ -47,3 +47,27 @@ def pg_dsn() -> str:
             pytest.fail(f"PostgreSQL at {dsn} is unreachable: {exc}")
         pytest.skip(f"PostgreSQL at {dsn} is unreachable: {exc}")
     return dsn
+
+
+class Ran:
+    """What one in-process `fsmc` invocation did."""
+
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    def __repr__(self) -> str:
+        return f"Ran(code={self.code}, out={self.out[-2000:]!r}, err={self.err[-2000:]!r})"
+
+
+@pytest.fixture
+def fsmc(capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """Run the fsmc CLI in-process: `fsmc("check", path)` -> Ran(code, out, err)."""
+    from fsmc.cli import main
+
+    def run(*argv: str) -> Ran:
+        capsys.readouterr()
+        code = main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return Ran(code, captured.out, captured.err)
+
+    return run
