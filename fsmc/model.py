@@ -50,6 +50,7 @@ class Postgres:
     table: Text
     events_table: Text
     id_type: str
+    given: frozenset[str] = frozenset()  # the options the spec wrote (others are defaults)
 
 
 @dataclass(frozen=True)
@@ -180,4 +181,5 @@ def _postgres(value: Any, machine: Text) -> Postgres:
     table = _name(options.get("table")) or Text(f"{machine}s", *machine.pos)
     events_table = _name(options.get("events_table")) or Text(f"{machine}_events", *machine.pos)
     id_type = options.get("id_type")
-    return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid")
+    given = frozenset(k for k in ("table", "events_table", "id_type") if _name(options.get(k)))
+    return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid", given)

@@ -87,6 +87,10 @@ def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | Non
         return None  # the bad-name rule reports these
     if kind == "required":
         missing = error.message.split("'")[1] if "'" in error.message else "?"
+        allowed = list(error.schema.get("properties", {}))
+        typos = [k for k in error.instance if k not in allowed and _suggest(k, [missing])]
+        if typos:
+            return None  # the unknown-key diagnostic already says "did you mean '<missing>'?"
         return _diag(doc, position_of(doc.root, parts), f"{where}: missing required key '{missing}'")
     if kind == "additionalProperties":
         # jsonschema reports all unknown keys of a mapping at once; one each is clearer.

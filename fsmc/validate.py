@@ -67,6 +67,8 @@ def bad_name(m: Machine) -> Iterator[Diagnostic]:
             if problem:
                 yield _at(m, d.name, "bad-name", f"{kind} name '{d.name}' {problem}")
     for key, table in (("table", m.postgres.table), ("events_table", m.postgres.events_table)):
+        if key not in m.postgres.given:
+            continue  # derived from the machine name, whose own diagnostic says it all
         problem = _name_problem(table, TABLE, TABLE_MAX, "[a-z_][a-z0-9_]*")
         if problem:
             yield _at(m, table, "bad-name", f"postgres.{key} '{table}' {problem}")
@@ -255,9 +257,10 @@ REFERENCE_RULES: tuple[Rule, ...] = (
     unknown_event,
     duplicate_transition,
     terminal_exit,
-    unused_event,
 )
-GRAPH_RULES: tuple[Rule, ...] = (unreachable_state, dead_end, trap, lease_reclaim)
+# These judge the machine as a whole, so they run only on one whose names resolve
+# (an event used only by a misspelt transition is not "unused").
+GRAPH_RULES: tuple[Rule, ...] = (unreachable_state, dead_end, trap, lease_reclaim, unused_event)
 # Codes that make the graph meaningless: names that do not resolve.
 _BLOCKING = {"duplicate-name", "unknown-state", "unknown-event"}
 
