@@ -1,0 +1,248 @@
+"""The command line: exit codes, output formats, build, --check, graph, schema, REV:PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.conftest import SPECS
+
+JOB = SPECS / "job.yaml"
+TYPO = JOB.read_text().replace("event: start, to: running", "event: strat, to: running")
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_check_accepts_the_example_specs(fsmc) -> None:  # type: ignore[no-untyped-def]
+    ran = fsmc("check", *sorted(SPECS.glob("*.yaml")))
+    assert (ran.code, ran.out, ran.err) == (0, "", "")
+
+
+def test_check_reports_errors_on_stderr_with_exit_1(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = write(tmp_path, "job.yaml", TYPO)
+    ran = fsmc("check", spec)
+    assert ran.code == 1 and ran.out == ""
+    assert ran.err == (
+        f"{spec}:28:28: error: transitions[1].event: 'strat' is not a declared event; "
+        "did you mean 'start'? [unknown-event]\n"
+    )
+
+
+def test_json_and_github_formats(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = write(tmp_path, "job.yaml", TYPO)
+    ran = fsmc("check", spec, "--format", "json")
+    assert ran.code == 1 and ran.err == ""
+    assert json.loads(ran.out) == [
+        {
+            "file": str(spec),
+            "line": 28,
+            "col": 28,
+            "severity": "error",
+            "code": "unknown-event",
+            "message": "transitions[1].event: 'strat' is not a declared event; "
+            "did you mean 'start'?",
+        }
+    ]
+    ran = fsmc("check", spec, "--format", "github")
+    assert ran.code == 1
+    assert ran.out == (
+        f"::error file={spec},line=28,col=28,title=unknown-event::transitions[1].event: "
+        "'strat' is not a declared event; did you mean 'start'?\n"
+    )
+
+
+def test_json_format_prints_an_empty_array_for_a_clean_spec(fsmc) -> None:  # type: ignore[no-untyped-def]
+    ran = fsmc("check", JOB, "--format", "json")
+    assert (ran.code, json.loads(ran.out)) == (0, [])
+
+
+def test_warnings_pass_unless_strict(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = write(tmp_path, "job.yaml", JOB.read_text().replace("  abandon: stop", "  spare:\n  abandon: stop"))
+    assert fsmc("check", spec).code == 0
+    ran = fsmc("check", spec, "--strict")
+    assert ran.code == 1 and "[unused-event]" in ran.err
+
+
+@pytest.mark.parametrize("problem", ["missing", "directory"])
+def test_io_trouble_is_exit_2(fsmc, tmp_path, problem) -> None:  # type: ignore[no-untyped-def]
+    target = tmp_path / "nope.yaml" if problem == "missing" else tmp_path
+    ran = fsmc("check", target)
+    assert ran.code == 2
+    assert ran.err.startswith("fsmc: error: ") and "Traceback" not in ran.err
+
+
+def test_usage_errors_are_exit_2(fsmc) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as raised:
+        fsmc("check")
+    assert raised.value.code == 2
+    with pytest.raises(SystemExit) as raised:
+        fsmc("frobnicate")
+    assert raised.value.code == 2
+
+
+def test_version(fsmc) -> None:  # type: ignore[no-untyped-def]
+    from fsmc import __version__
+
+    with pytest.raises(SystemExit) as raised:
+        fsmc("--version")
+    assert raised.value.code == 0
+
+
+def test_schema_is_the_json_schema_the_examples_satisfy(fsmc) -> None:  # type: ignore[no-untyped-def]
+    ran = fsmc("schema")
+    schema = json.loads(ran.out)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for spec in SPECS.glob("*.yaml"):
+        jsonschema.validate(yaml.safe_load(spec.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"fsmc": 1, "machine": "x"}, schema)
+
+
+def test_build_writes_every_file_and_nothing_else(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    ran = fsmc("build", JOB, "--out", out)
+    assert (ran.code, ran.out, ran.err) == (0, "", "")
+    assert sorted(p.name for p in (out / "job").iterdir()) == [
+        "README.md", "fsm_job.py", "job.mmd", "job.sql", "test_fsm_job.py",
+    ]  # fmt: skip
+    assert [p.name for p in out.iterdir()] == ["job"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".fsmc-")]
+
+
+def test_build_writes_nothing_for_a_spec_with_errors(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    good = write(tmp_path, "runner.yaml", (SPECS / "runner.yaml").read_text())
+    bad = write(tmp_path, "job.yaml", TYPO)
+    out = tmp_path / "out"
+    ran = fsmc("build", good, bad, "--out", out)
+    assert ran.code == 1 and "[unknown-event]" in ran.err and "nothing written" in ran.err
+    assert not out.exists()
+
+
+def test_build_refuses_two_specs_for_one_machine(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    copy = write(tmp_path, "copy.yaml", JOB.read_text())
+    ran = fsmc("build", JOB, copy, "--out", tmp_path / "out")
+    assert ran.code == 2 and "both define machine 'job'" in ran.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_build_check_is_silent_when_current(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    assert fsmc("build", JOB, "--out", out).code == 0
+    ran = fsmc("build", JOB, "--out", out, "--check")
+    assert (ran.code, ran.out, ran.err) == (0, "", "")
+
+
+def test_build_check_shows_a_diff_for_a_stale_file_and_writes_nothing(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    fsmc("build", JOB, "--out", out)
+    module = out / "job" / "fsm_job.py"
+    edited = module.read_text().replace("State.CLAIMED,\n", "State.RUNNING,\n", 1)
+    module.write_text(edited)
+    ran = fsmc("build", JOB, "--out", out, "--check")
+    assert ran.code == 1
+    assert f"--- a/{out.as_posix()}/job/fsm_job.py" in ran.out
+    assert "-            (State.QUEUED, Event.CLAIM): State.RUNNING,\n" in ran.out
+    assert "+            (State.QUEUED, Event.CLAIM): State.CLAIMED,\n" in ran.out
+    assert f"stale: {out.as_posix()}/job/fsm_job.py" in ran.err
+    assert module.read_text() == edited
+
+
+def test_build_check_reports_missing_and_orphan_files(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    fsmc("build", JOB, "--out", out)
+    (out / "job" / "job.mmd").unlink()
+    orphan = out / "job" / "fsm_old_name.py"
+    orphan.write_text("# Code generated by fsmc from specs/job.yaml. DO NOT EDIT.\n")
+    notes = out / "job" / "NOTES.txt"
+    notes.write_text("my own notes, not generated\n")
+    ran = fsmc("build", JOB, "--out", out, "--check")
+    assert ran.code == 1
+    assert f"missing: {out.as_posix()}/job/job.mmd" in ran.err
+    assert f"orphan: {out.as_posix()}/job/fsm_old_name.py" in ran.err
+    assert "NOTES.txt" not in ran.err
+    assert "+++ /dev/null" in ran.out and "--- /dev/null" in ran.out
+    # A real build restores the missing file, removes the orphan, keeps the notes.
+    assert fsmc("build", JOB, "--out", out).code == 0
+    assert (out / "job" / "job.mmd").exists() and not orphan.exists() and notes.exists()
+    assert fsmc("build", JOB, "--out", out, "--check").code == 0
+
+
+def test_build_check_of_a_missing_directory(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ran = fsmc("build", JOB, "--out", tmp_path / "none", "--check")
+    assert ran.code == 1 and ran.err.count("missing: ") == 5
+    assert not (tmp_path / "none").exists()
+
+
+def test_build_leaves_unchanged_files_untouched(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    fsmc("build", JOB, "--out", out)
+    module = out / "job" / "fsm_job.py"
+    before = module.stat().st_mtime_ns
+    os.utime(module, ns=(before - 10**9, before - 10**9))
+    fsmc("build", JOB, "--out", out)
+    assert module.stat().st_mtime_ns == before - 10**9
+
+
+def test_graph_prints_mermaid_and_dot(fsmc) -> None:  # type: ignore[no-untyped-def]
+    ran = fsmc("graph", JOB)
+    assert ran.code == 0 and ran.out.startswith("stateDiagram-v2\n")
+    assert "    queued --> claimed: claim\n" in ran.out
+    ran = fsmc("graph", JOB, "--format", "dot")
+    assert ran.code == 0 and ran.out.startswith("digraph job {")
+    assert '"queued" -> "claimed" [label="claim"];' in ran.out
+
+
+def test_graph_draws_a_spec_with_graph_errors_but_not_unresolved_names(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    trap = JOB.read_text().replace("  - {from: failed, event: abandon, to: abandoned}\n", "")
+    trap = trap.replace("  - {from: paused, event: abandon, to: abandoned}\n", "")
+    ran = fsmc("graph", write(tmp_path, "trap.yaml", trap))
+    assert ran.code == 0 and "[unreachable-state]" in ran.err and "stateDiagram-v2" in ran.out
+    ran = fsmc("graph", write(tmp_path, "typo.yaml", TYPO))
+    assert ran.code == 1 and ran.out == ""
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+def test_specs_can_be_read_from_git_revisions(tmp_path, monkeypatch, fsmc) -> None:  # type: ignore[no-untyped-def]
+    if shutil.which("git") is None:
+        pytest.fail("git is required")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "config", "user.email", "t@example.invalid")
+    _git(tmp_path, "config", "user.name", "t")
+    (tmp_path / "job.yaml").write_text(JOB.read_text())
+    _git(tmp_path, "add", "job.yaml")
+    _git(tmp_path, "commit", "-qm", "v1")
+    (tmp_path / "job.yaml").write_text(TYPO)
+    monkeypatch.chdir(tmp_path)
+    assert fsmc("check", "HEAD:job.yaml").code == 0
+    ran = fsmc("check", "job.yaml")
+    assert ran.code == 1 and ran.err.startswith("job.yaml:28:28:")
+    ran = fsmc("check", "HEAD~5:job.yaml")
+    assert ran.code == 2 and ran.err.startswith("fsmc: error: HEAD~5:job.yaml:")
+    ran = fsmc("build", "HEAD:job.yaml", "--out", "out")
+    assert ran.code == 0
+    header = (tmp_path / "out" / "job" / "fsm_job.py").read_text().splitlines()[0]
+    assert header == "# Code generated by fsmc from job.yaml. DO NOT EDIT."
+
+
+def test_the_installed_entry_point_runs_without_a_traceback(tmp_path) -> None:
+    spec = write(tmp_path, "job.yaml", TYPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "fsmc", "check", str(spec)], capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert "[unknown-event]" in done.stderr and "Traceback" not in done.stderr
