@@ -1,0 +1,235 @@
+"""Diff: two versions of one machine -> what changed between them (contract section 5).
+
+`compare(old, new)` is pure: it takes two checked machines (the CLI refuses specs
+with errors and machines of different names before calling it) and returns
+`Changes`, frozen data that the renderers in `fsmc.diff_render` print.
+
+What counts as a change is what running code and stored rows can observe: states,
+events and terminals added or removed, the initial state, and the transition table
+as (from, event) -> to. Transitions are compared as that table, so splitting a
+`from` list, reordering the YAML or re-quoting a name is no change, and a (from,
+event) pair present in both with another `to` is one retargeting, not a removal plus
+an addition. Descriptions are listed apart in `descriptions` and are never changes:
+they alter no behaviour. Lease and postgres options are not compared (section 5
+does not name them).
+
+Each change says whether it is `breaking`: removing a state, an event or a
+transition, retargeting, changing the initial state, and making a state that OLD
+already had terminal are breaking; additions, and a terminal that stops being one
+(it only gains transitions), are compatible.
+
+Order is deterministic: added and retargeted items in NEW's spec order, removed
+items in OLD's spec order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fsmc.model import Declaration, Machine
+
+K = TypeVar("K", str, tuple[str, str])
+
+
+@dataclass(frozen=True)
+class Name:
+    """A state, event or terminal added or removed."""
+
+    name: str
+    breaking: bool
+
+
+@dataclass(frozen=True)
+class Names:
+    added: tuple[Name, ...]
+    removed: tuple[Name, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A transition added or removed."""
+
+    source: str
+    event: str
+    target: str
+    breaking: bool
+
+
+@dataclass(frozen=True)
+class Retarget:
+    """The same (from, event) pair leading elsewhere: always breaking, since code and
+    rows that took the old edge now land in another state."""
+
+    source: str
+    event: str
+    old_target: str
+    new_target: str
+    breaking: bool = True
+
+
+@dataclass(frozen=True)
+class Initial:
+    old: str
+    new: str
+    breaking: bool = True  # rows are born elsewhere; code creating them changes meaning
+
+
+@dataclass(frozen=True)
+class Described:
+    """The description of the machine, a state or an event, where it differs. None
+    means no description."""
+
+    name: str
+    old: str | None
+    new: str | None
+
+
+@dataclass(frozen=True)
+class EdgeDescribed:
+    """The description of a transition present in both, where it differs."""
+
+    source: str
+    event: str
+    old: str | None
+    new: str | None
+
+
+@dataclass(frozen=True)
+class Descriptions:
+    machine: Described | None
+    states: tuple[Described, ...]
+    events: tuple[Described, ...]
+    transitions: tuple[EdgeDescribed, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.machine or self.states or self.events or self.transitions)
+
+
+@dataclass(frozen=True)
+class Changes:
+    machine: str
+    states: Names
+    events: Names
+    terminals: Names
+    initial: Initial | None
+    added: tuple[Edge, ...]
+    removed: tuple[Edge, ...]
+    retargeted: tuple[Retarget, ...]
+    descriptions: Descriptions
+
+    @property
+    def count(self) -> int:
+        """How many changes to the machine (descriptions are not changes)."""
+        return len(self._all())
+
+    @property
+    def breaking_count(self) -> int:
+        return sum(1 for c in self._all() if c.breaking)
+
+    @property
+    def same(self) -> bool:
+        return self.count == 0
+
+    @property
+    def breaking(self) -> bool:
+        return self.breaking_count > 0
+
+    def _all(self) -> list[Name | Edge | Retarget | Initial]:
+        out: list[Name | Edge | Retarget | Initial] = []
+        for names in (self.states, self.events, self.terminals):
+            out += names.added + names.removed
+        out += self.added + self.removed + self.retargeted
+        if self.initial is not None:
+            out.append(self.initial)
+        return out
+
+
+def compare(old: Machine, new: Machine) -> Changes:
+    """What changed from `old` to `new`; both must be machines without errors."""
+    old_states, new_states = set(old.state_names), set(new.state_names)
+    old_terminals, new_terminals = old.terminal_names, new.terminal_names
+    old_table, new_table = old.table, new.table
+    return Changes(
+        machine=str(new.name),
+        states=Names(
+            tuple(Name(s, False) for s in new.state_names if s not in old_states),
+            tuple(Name(s, True) for s in old.state_names if s not in new_states),
+        ),
+        events=Names(
+            tuple(Name(e, False) for e in new.event_names if e not in old.event_names),
+            tuple(Name(e, True) for e in old.event_names if e not in new.event_names),
+        ),
+        terminals=Names(
+            # A new terminal state is compatible; an existing state made terminal
+            # strands the rows and code that still move it on.
+            tuple(
+                Name(s, s in old_states)
+                for s in new.state_names
+                if s in new_terminals and s not in old_terminals
+            ),
+            tuple(
+                Name(s, False)
+                for s in old.state_names
+                if s in old_terminals and s not in new_terminals
+            ),
+        ),
+        initial=(
+            Initial(str(old.initial), str(new.initial)) if old.initial != new.initial else None
+        ),
+        added=tuple(Edge(s, e, t, False) for s, e, t in new.edges if (s, e) not in old_table),
+        removed=tuple(Edge(s, e, t, True) for s, e, t in old.edges if (s, e) not in new_table),
+        retargeted=tuple(
+            Retarget(s, e, old_table[s, e], t)
+            for s, e, t in new.edges
+            if (s, e) in old_table and old_table[s, e] != t
+        ),
+        descriptions=_descriptions(old, new),
+    )
+
+
+def _descriptions(old: Machine, new: Machine) -> Descriptions:
+    machine = None
+    if _norm(old.description) != _norm(new.description):
+        machine = Described(str(new.name), _norm(old.description), _norm(new.description))
+    states = _changed(_declared(old.states), _declared(new.states))
+    events = _changed(_declared(old.events), _declared(new.events))
+    edges = _changed(_edge_descriptions(old), _edge_descriptions(new))
+    return Descriptions(
+        machine,
+        tuple(Described(*c) for c in states),
+        tuple(Described(*c) for c in events),
+        tuple(EdgeDescribed(s, e, a, b) for (s, e), a, b in edges),
+    )
+
+
+def _declared(declarations: Iterable[Declaration]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for d in declarations:
+        out.setdefault(str(d.name), _norm(d.description))
+    return out
+
+
+def _edge_descriptions(m: Machine) -> dict[tuple[str, str], str | None]:
+    """(from, event) -> description, in spec order, the first declaration winning as in
+    `Machine.table` (a `from` list shares one description among its edges)."""
+    out: dict[tuple[str, str], str | None] = {}
+    for t in m.transitions:
+        out.setdefault((str(t.source), str(t.event)), _norm(t.description))
+    return out
+
+
+def _changed(
+    old: dict[K, str | None], new: dict[K, str | None]
+) -> list[tuple[K, str | None, str | None]]:
+    """(key, old, new) for each key in both whose description differs, in NEW's order."""
+    return [(k, old[k], text) for k, text in new.items() if k in old and old[k] != text]
+
+
+def _norm(text: str | None) -> str | None:
+    # `queued:` and `queued: ""` both say "no description"; neither is a change.
+    return text or None
