@@ -1,0 +1,190 @@
+"""The generated code is run, type-checked and linted, not just looked at.
+
+- every generated pytest suite passes;
+- `mypy --strict` and `ruff check` pass on every generated module and suite;
+- the module imports nothing outside the standard library;
+- hand-editing one entry of a module's table makes its generated suite fail;
+- the seed's own reachability test passes unchanged against the generated job module.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import GENERATED
+
+MACHINES = sorted(p.name for p in GENERATED.iterdir() if p.is_dir())
+
+
+def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv), cwd=cwd, capture_output=True, text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+
+
+def copy_machine(name: str, tmp_path: Path) -> Path:
+    target = tmp_path / name
+    shutil.copytree(GENERATED / name, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def pytest_on(folder: Path) -> subprocess.CompletedProcess[str]:
+    return run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+               str(folder), cwd=folder)  # fmt: skip
+
+
+def test_there_are_generated_machines() -> None:
+    assert {"job", "runner", "task"} <= set(MACHINES)
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_the_generated_suite_passes(name: str, tmp_path: Path) -> None:
+    folder = copy_machine(name, tmp_path)
+    done = pytest_on(folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " passed" in done.stdout
+
+
+def test_mypy_strict_passes_on_every_generated_file(tmp_path: Path) -> None:
+    folders = [str(copy_machine(name, tmp_path)) for name in MACHINES]
+    done = run(sys.executable, "-m", "mypy", "--strict", "--no-incremental", *folders, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("where", ["repository", "machine folder"])
+def test_ruff_passes_on_every_generated_file(where: str, tmp_path: Path) -> None:
+    # Linters classify imports by where they run, so run it both ways.
+    if where == "repository":
+        done = run(sys.executable, "-m", "ruff", "check", "--isolated", str(GENERATED), cwd=GENERATED.parent)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return
+    for name in MACHINES:
+        folder = copy_machine(name, tmp_path)
+        done = run(sys.executable, "-m", "ruff", "check", "--isolated", ".", cwd=folder)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_the_module_uses_only_the_standard_library(name: str) -> None:
+    module = next(p for p in (GENERATED / name).glob("*.py") if not p.name.startswith("test_"))
+    imported = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}
+    assert module.stem not in sys.stdlib_module_names
+
+
+def test_editing_one_table_entry_makes_the_generated_suite_fail(tmp_path: Path) -> None:
+    folder = copy_machine("job", tmp_path)
+    module = folder / "fsm_job.py"
+    text = module.read_text()
+    entry = "(State.RUNNING, Event.FINISH): State.COMPLETED,"
+    assert text.count(entry) == 1
+    module.write_text(text.replace(entry, "(State.RUNNING, Event.FINISH): State.FAILED,"))
+    done = pytest_on(folder)
+    assert done.returncode == 1, done.stdout
+    assert "test_the_table_is_exactly_the_specs" in done.stdout
+    assert "test_every_declared_transition" in done.stdout
+
+
+def test_removing_one_table_entry_makes_the_generated_suite_fail(tmp_path: Path) -> None:
+    folder = copy_machine("job", tmp_path)
+    module = folder / "fsm_job.py"
+    text = module.read_text()
+    entry = "            (State.FAILED, Event.RETRY): State.QUEUED,\n"
+    assert text.count(entry) == 1
+    module.write_text(text.replace(entry, ""))
+    done = pytest_on(folder)
+    assert done.returncode == 1, done.stdout
+    assert "test_the_table_is_exactly_the_specs" in done.stdout
+
+
+SEED_TEST = '''
+from fsm_job import State, TRANSITIONS
+
+
+def test_every_state_reachable_from_queued():
+    seen = {State.QUEUED}
+    frontier = [State.QUEUED]
+    while frontier:
+        s = frontier.pop()  # pop() takes the last item, so this walks depth-first
+        for (src, _evt), dst in TRANSITIONS.items():
+            if src == s and dst not in seen:
+                seen.add(dst)
+                frontier.append(dst)
+    assert seen == set(State), f"unreachable: {set(State) - seen}"
+'''
+
+
+def test_the_seeds_own_check_passes_unchanged_against_the_generated_module(tmp_path: Path) -> None:
+    folder = copy_machine("job", tmp_path)
+    (folder / "test_seed.py").write_text(textwrap.dedent(SEED_TEST))
+    done = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+               "test_seed.py", cwd=folder)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+def test_the_module_behaves_as_the_contract_says(tmp_path: Path) -> None:
+    folder = copy_machine("job", tmp_path)
+    script = textwrap.dedent(
+        """
+        import dataclasses, pickle, uuid
+        import fsm_job as m
+        assert m.State.QUEUED.value == "queued" and m.State.QUEUED == "queued"
+        assert [s.value for s in m.State][:2] == ["queued", "claimed"]
+        assert m.INITIAL is m.State.QUEUED
+        assert m.TERMINAL == frozenset({m.State.COMPLETED, m.State.ABANDONED})
+        assert m.apply("queued", "claim") is m.State.CLAIMED
+        assert m.apply(m.State.RUNNING, m.Event.FINISH) is m.State.COMPLETED
+        try:
+            m.apply("completed", "retry")
+        except m.IllegalTransition as e:
+            assert (e.state, e.event) == (m.State.COMPLETED, m.Event.RETRY)
+            assert "terminal" in str(e) and "'completed'" in str(e) and "'retry'" in str(e)
+        else:
+            raise AssertionError("no IllegalTransition")
+        try:
+            m.apply("queued", "start")
+        except m.IllegalTransition as e:
+            assert "terminal" not in str(e) and "'queued'" in str(e) and "'start'" in str(e)
+        for bad in (("queueed", "claim"), ("queued", "clam")):
+            try:
+                m.apply(*bad)
+            except ValueError as e:
+                assert repr(bad[0] if bad[0] != "queued" else bad[1]) in str(e)
+            else:
+                raise AssertionError("no ValueError")
+        job = m.Job(id=uuid.uuid4())
+        moved = job.apply("claim").apply(m.Event.START)
+        assert (job.state, job.version) == (m.State.QUEUED, 0)
+        assert (moved.state, moved.version, moved.id) == (m.State.RUNNING, 2, job.id)
+        try:
+            job.state = m.State.RUNNING
+        except dataclasses.FrozenInstanceError:
+            pass
+        else:
+            raise AssertionError("mutable")
+        try:
+            m.TRANSITIONS[(m.State.QUEUED, m.Event.START)] = m.State.RUNNING
+        except TypeError:
+            pass
+        else:
+            raise AssertionError("table is writable")
+        print("ok")
+        """
+    )
+    done = run(sys.executable, "-c", script, cwd=folder)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
