@@ -162,7 +162,14 @@ def load(data: bytes, file: str, path: str | None = None) -> tuple[Document | No
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         problem = exc.problem or exc.context or "invalid YAML"
         if exc.context and exc.problem:
-            problem = f"{exc.problem} ({exc.context})"
+            started = exc.context_mark
+            if started is not None and (started.line, started.column) != (line - 1, col - 1):
+                problem = (
+                    f"{exc.problem} ({exc.context} started at line {started.line + 1}, "
+                    f"column {started.column + 1})"
+                )
+            else:
+                problem = f"{exc.problem} ({exc.context})"
         return None, [*composer.diagnostics, Diagnostic(file, line, col, "yaml-syntax", problem)]
     except yaml.YAMLError as exc:
         return None, [*composer.diagnostics, Diagnostic(file, 1, 1, "yaml-syntax", str(exc))]
@@ -349,9 +356,10 @@ class _Composer:
             key = Text(shown, key_pos[0], key_pos[1])
         if key in container:
             first = container.key_pos[key]
+            where = f"line {first[0]}" + (f", column {first[1]}" if first[0] == key_pos[0] else "")
             self._diag(
                 key_pos, "duplicate-key",
-                f"duplicate key '{key}' (first defined at line {first[0]}); "
+                f"duplicate key '{key}' (first defined at {where}); "
                 "YAML loaders would silently keep only one",
             )  # fmt: skip
             return

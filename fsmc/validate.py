@@ -46,7 +46,7 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def bad_name(m: Machine) -> Iterator[Diagnostic]:
     name = m.name
-    problem = _name_problem(name, NAME, NAME_MAX, "[a-z][a-z0-9_]*")
+    problem = _name_problem(name, NAME, NAME_MAX)
     if problem:
         yield _at(m, name, "bad-name", f"machine name '{name}' {problem}")
     elif keyword.iskeyword(name) or keyword.iskeyword(camel(name)):
@@ -63,13 +63,13 @@ def bad_name(m: Machine) -> Iterator[Diagnostic]:
         )  # fmt: skip
     for kind, decls in (("state", m.states), ("event", m.events)):
         for d in decls:
-            problem = _name_problem(d.name, NAME, NAME_MAX, "[a-z][a-z0-9_]*")
+            problem = _name_problem(d.name, NAME, NAME_MAX)
             if problem:
                 yield _at(m, d.name, "bad-name", f"{kind} name '{d.name}' {problem}")
     for key, table in (("table", m.postgres.table), ("events_table", m.postgres.events_table)):
         if key not in m.postgres.given:
             continue  # derived from the machine name, whose own diagnostic says it all
-        problem = _name_problem(table, TABLE, TABLE_MAX, "[a-z_][a-z0-9_]*")
+        problem = _name_problem(table, TABLE, TABLE_MAX)
         if problem:
             yield _at(m, table, "bad-name", f"postgres.{key} '{table}' {problem}")
     if m.postgres.table == m.postgres.events_table:
@@ -79,9 +79,13 @@ def bad_name(m: Machine) -> Iterator[Diagnostic]:
         )  # fmt: skip
 
 
-def _name_problem(name: str, pattern: re.Pattern[str], limit: int, shown: str) -> str | None:
+def _name_problem(name: str, pattern: re.Pattern[str], limit: int) -> str | None:
     if not pattern.fullmatch(name):
-        return f"must match {shown} (lower-case letters, digits and _, starting with a letter)"
+        first = "a letter" if pattern is NAME else "a letter or _"
+        return (
+            f"must match {pattern.pattern} (lower-case letters, digits and _, "
+            f"starting with {first})"
+        )
     if len(name) > limit:
         return f"is {len(name)} characters long; the limit is {limit}"
     return None
