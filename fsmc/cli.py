@@ -183,7 +183,27 @@ def _graph(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    raise Trouble("fsmc diff is not built yet")
+    import os
+
+    from fsmc.diff import compare
+    from fsmc.diff_render import render as render_diff
+
+    old, new = _checked(args.old), _checked(args.new)
+    broken = [(arg, r) for arg, r in ((args.old, old), (args.new, new)) if not r.ok()]
+    if broken:
+        _print_diagnostics([d for _, r in broken for d in r.diagnostics], "text")
+        names = " and ".join(arg for arg, _ in broken)
+        raise Trouble(f"cannot compare: {names} {'has' if len(broken) == 1 else 'have'} errors")
+    if old.machine.name != new.machine.name:
+        raise Trouble(
+            f"{args.old} defines machine '{old.machine.name}' but {args.new} defines "
+            f"'{new.machine.name}': diff compares two versions of one machine, and a "
+            "renamed machine is a new one (new module, tables and functions)"
+        )
+    changes = compare(old.machine, new.machine)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    sys.stdout.write(render_diff(changes, args.format, color=color))
+    return EXIT_OK if changes.same else EXIT_ERRORS
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -111,8 +111,19 @@ class Descriptions:
 
 
 @dataclass(frozen=True)
+class Shape:
+    """NEW as the comparison saw it (what a diagram of the result draws), in spec order."""
+
+    states: tuple[str, ...]
+    initial: str
+    terminals: tuple[str, ...]
+    edges: tuple[tuple[str, str, str], ...]
+
+
+@dataclass(frozen=True)
 class Changes:
     machine: str
+    new: Shape
     states: Names
     events: Names
     terminals: Names
@@ -156,6 +167,12 @@ def compare(old: Machine, new: Machine) -> Changes:
     old_table, new_table = old.table, new.table
     return Changes(
         machine=str(new.name),
+        new=Shape(
+            new.state_names,
+            str(new.initial),
+            tuple(s for s in new.state_names if s in new_terminals),
+            new.edges,
+        ),
         states=Names(
             tuple(Name(s, False) for s in new.state_names if s not in old_states),
             tuple(Name(s, True) for s in old.state_names if s not in new_states),

@@ -1,0 +1,298 @@
+"""Diff rendering: `Changes` -> the text `fsmc diff` prints, in one of three formats.
+
+    text      one line per change, for a terminal; ANSI colour only when asked
+              (the CLI asks when stdout is a TTY and NO_COLOR is unset)
+    markdown  for a pull request: a summary line, a table of changes, descriptions
+              apart, and a Mermaid stateDiagram-v2 of NEW with the changes marked
+    json      contract section 5's object, plus `descriptions`
+
+Every format lists changes in the same order (states, events, terminals, initial,
+transitions added, removed, retargeted) and is deterministic. Names are safe
+anywhere (`^[a-z][a-z0-9_]*$`); descriptions are free text, so each reaches output
+through one escaper: a quoted literal in text (a spec cannot send escape sequences
+to a terminal), `md_text` in Markdown, JSON strings in JSON. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from fsmc.diff import Changes, Edge, Names
+from fsmc.escape import md_text, py_str
+from fsmc.targets.mermaid import state_id
+from fsmc.templating import render as render_template
+
+FORMATS = ("text", "markdown", "json")
+
+
+def render(changes: Changes, fmt: str, *, color: bool = False) -> str:
+    if fmt == "json":
+        return as_json(changes)
+    if fmt == "markdown":
+        return as_markdown(changes)
+    if fmt == "text":
+        return as_text(changes, color=color)
+    raise ValueError(f"unknown diff format {fmt!r}")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One change, as every format lists it."""
+
+    kind: str  # state, event, terminal, initial, transition
+    action: str  # added, removed, changed, retargeted
+    subject: str  # a name, or `from --event--> to`
+    note: str | None  # what a reviewer needs besides: the old target, the old initial
+    breaking: bool
+
+    @property
+    def mark(self) -> str:
+        return {"added": "+", "removed": "-"}.get(self.action, "~")
+
+
+def rows(changes: Changes) -> list[Row]:
+    c = changes
+    out: list[Row] = []
+    for kind, names in (("state", c.states), ("event", c.events), ("terminal", c.terminals)):
+        out += _name_rows(kind, names)
+    if c.initial is not None:
+        i = c.initial
+        out.append(Row("initial", "changed", i.new, f"was {i.old}", i.breaking))
+    out += [Row("transition", "added", _edge(e), None, e.breaking) for e in c.added]
+    out += [Row("transition", "removed", _edge(e), None, e.breaking) for e in c.removed]
+    out += [
+        Row(
+            "transition",
+            "retargeted",
+            _arrow(r.source, r.event, r.new_target),
+            f"was {r.old_target}",
+            True,
+        )
+        for r in c.retargeted
+    ]
+    return out
+
+
+def _name_rows(kind: str, names: Names) -> list[Row]:
+    # The only breaking addition is a terminal that OLD had as an ordinary state.
+    return [
+        Row(kind, "added", n.name, "an existing state" if n.breaking else None, n.breaking)
+        for n in names.added
+    ] + [Row(kind, "removed", n.name, None, n.breaking) for n in names.removed]
+
+
+def _edge(e: Edge) -> str:
+    return _arrow(e.source, e.event, e.target)
+
+
+def _arrow(source: str, event: str, target: str) -> str:
+    return f"{source} --{event}--> {target}"
+
+
+def summary(changes: Changes) -> str:
+    """`machine job: 3 changes, 1 breaking`, or `machine job: no changes`."""
+    n = changes.count
+    if n == 0:
+        return f"machine {changes.machine}: no changes"
+    plural = "change" if n == 1 else "changes"
+    return f"machine {changes.machine}: {n} {plural}, {changes.breaking_count} breaking"
+
+
+def description_rows(changes: Changes) -> list[tuple[str, str, str | None, str | None]]:
+    """(kind, name, old, new) for each description that differs."""
+    d = changes.descriptions
+    out: list[tuple[str, str, str | None, str | None]] = []
+    if d.machine is not None:
+        out.append(("machine", d.machine.name, d.machine.old, d.machine.new))
+    out += [("state", x.name, x.old, x.new) for x in d.states]
+    out += [("event", x.name, x.old, x.new) for x in d.events]
+    out += [("transition", f"{x.source} --{x.event}-->", x.old, x.new) for x in d.transitions]
+    return out
+
+
+# --- text ---------------------------------------------------------------------------
+
+_GREEN, _RED, _YELLOW, _BOLD, _RESET = "\x1b[32m", "\x1b[31m", "\x1b[33m", "\x1b[1m", "\x1b[0m"
+
+
+def as_text(changes: Changes, *, color: bool = False) -> str:
+    def paint(code: str, text: str) -> str:
+        return f"{code}{text}{_RESET}" if color else text
+
+    lines = [paint(_BOLD, summary(changes))]
+    table = rows(changes)
+    kind_width = max((len(r.kind) for r in table), default=0)
+    body = [f"{r.subject} ({r.note})" if r.note else r.subject for r in table]
+    body_width = max((len(b) for b in body), default=0)
+    for r, text in zip(table, body, strict=True):
+        tone = {"+": _GREEN, "-": _RED}.get(r.mark, _YELLOW)
+        line = paint(tone, f"{r.mark} {r.kind.ljust(kind_width)}  {text}")
+        if r.breaking:
+            line += " " * (body_width - len(text)) + "  " + paint(_BOLD + _RED, "BREAKING")
+        lines.append(line)
+    described = description_rows(changes)
+    if described:
+        lines += ["", "descriptions changed (not changes to the machine):"]
+        lines += [
+            f"~ {kind} {name}: {_quoted(old)} => {_quoted(new)}"
+            for kind, name, old, new in described
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _quoted(text: str | None) -> str:
+    # A Python literal escapes newlines, ESC and other non-printables, so a
+    # description can neither break the line layout nor drive the terminal.
+    return "(none)" if text is None else py_str(text)
+
+
+# --- markdown -----------------------------------------------------------------------
+
+
+def as_markdown(changes: Changes) -> str:
+    out = [f"**{_md_summary(changes)}**", ""]
+    table = rows(changes)
+    if table:
+        out += ["| change | what | impact |", "| --- | --- | --- |"]
+        for r in table:
+            what = f"`{r.subject}`" + (f" ({md_text(r.note)})" if r.note else "")
+            impact = "**breaking**" if r.breaking else "compatible"
+            out.append(f"| {r.kind} {r.action} | {what} | {impact} |")
+        out.append("")
+    described = description_rows(changes)
+    if described:
+        out += [
+            "Descriptions changed (not counted as changes):",
+            "",
+            "| of | old | new |",
+            "| --- | --- | --- |",
+        ]
+        out += [
+            f"| {kind} `{name}` | {_md_desc(old)} | {_md_desc(new)} |"
+            for kind, name, old, new in described
+        ]
+        out.append("")
+    if table:
+        out += [
+            f"The new `{changes.machine}` machine; changed transitions are labelled "
+            "(added), (retargeted, was ...) or (removed), and states drawn in colour "
+            "were added (green), removed (red, dashed) or changed role (amber).",
+            "",
+            "```mermaid",
+            diagram(changes).rstrip("\n"),
+            "```",
+            "",
+        ]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _md_summary(changes: Changes) -> str:
+    text = summary(changes).replace(f"machine {changes.machine}", f"Machine `{changes.machine}`")
+    return text + "."
+
+
+def _md_desc(text: str | None) -> str:
+    return "*none*" if text is None else md_text(text)
+
+
+# --- the Mermaid diagram ------------------------------------------------------------
+
+_CLASSES = (
+    ("added", "stroke:#1a7f37,stroke-width:3px"),
+    ("removed", "stroke:#cf222e,stroke-width:2px,stroke-dasharray:5 5,color:#cf222e"),
+    ("changed", "stroke:#9a6700,stroke-width:3px"),
+)
+
+
+def diagram(changes: Changes) -> str:
+    """A stateDiagram-v2 of NEW with the changes marked, for the Markdown.
+
+    State diagrams cannot style an edge, so changed edges say so in their label;
+    removed edges (and the removed states they need) are drawn as well, so a
+    reviewer sees what went away. The edge list comes from `Changes` alone: NEW's
+    edges are the unchanged ones plus the added and retargeted ones.
+    """
+    c, new = changes, changes.new
+    removed_states = [n.name for n in c.states.removed]
+    added = {(e.source, e.event) for e in c.added}
+    was = {(r.source, r.event): r.old_target for r in c.retargeted}
+    edges: list[tuple[str, str, str]] = []
+    for s, e, t in new.edges:
+        label = e
+        if (s, e) in added:
+            label = f"{e} (added)"
+        elif (s, e) in was:
+            label = f"{e} (retargeted, was {was[s, e]})"
+        edges.append((state_id(s), label, state_id(t)))
+    edges += [(state_id(e.source), f"{e.event} (removed)", state_id(e.target)) for e in c.removed]
+    drawn = {s for s, _, _ in edges} | {t for _, _, t in edges}
+    body = render_template(
+        "diagram.mmd.j2",
+        aliases=[(state_id(s), s) for s in new.states + tuple(removed_states) if state_id(s) != s],
+        # A removed state whose only edge in was retargeted has no edge left to show
+        # it; declare it, so its `class` line marks a state that is drawn.
+        lone=[state_id(s) for s in removed_states if state_id(s) not in drawn],
+        initial=state_id(new.initial),
+        transitions=edges,
+        terminals=[state_id(s) for s in new.terminals],
+    )
+    added_states = [n.name for n in c.states.added]
+    # A state whose role changed: it became or stopped being terminal, or is the new
+    # initial state. Added and removed states already have their own mark.
+    role = [n.name for n in c.terminals.added + c.terminals.removed]
+    role += [c.initial.new] if c.initial is not None else []
+    marks = [(s, "added") for s in added_states] + [(s, "removed") for s in removed_states]
+    marks += [
+        (s, "changed") for s in dict.fromkeys(role) if s in new.states and s not in added_states
+    ]
+    lines = [f"    classDef {name} {style}" for name, style in _CLASSES]
+    lines += [f"    class {state_id(s)} {cls}" for s, cls in marks]
+    return body + "\n".join(lines) + "\n"
+
+
+# --- json ---------------------------------------------------------------------------
+
+
+def as_json(changes: Changes) -> str:
+    c = changes
+    d = c.descriptions
+    doc = {
+        "states": _names(c.states),
+        "events": _names(c.events),
+        "terminals": _names(c.terminals),
+        "transitions": {
+            "added": [_edge_json(e) for e in c.added],
+            "removed": [_edge_json(e) for e in c.removed],
+            "retargeted": [
+                {
+                    "from": r.source,
+                    "event": r.event,
+                    "old_to": r.old_target,
+                    "new_to": r.new_target,
+                    "breaking": r.breaking,
+                }
+                for r in c.retargeted
+            ],
+        },
+        "initial": None if c.initial is None else {"old": c.initial.old, "new": c.initial.new},
+        "breaking": c.breaking,
+        "descriptions": {
+            "machine": None if d.machine is None else {"old": d.machine.old, "new": d.machine.new},
+            "states": [{"name": x.name, "old": x.old, "new": x.new} for x in d.states],
+            "events": [{"name": x.name, "old": x.old, "new": x.new} for x in d.events],
+            "transitions": [
+                {"from": x.source, "event": x.event, "old": x.old, "new": x.new}
+                for x in d.transitions
+            ],
+        },
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def _names(names: Names) -> dict[str, list[str]]:
+    return {"added": [n.name for n in names.added], "removed": [n.name for n in names.removed]}
+
+
+def _edge_json(e: Edge) -> dict[str, object]:
+    return {"from": e.source, "event": e.event, "to": e.target, "breaking": e.breaking}
