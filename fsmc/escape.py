@@ -9,8 +9,11 @@ functions fold all whitespace to single spaces and drop non-printable characters
 
 from __future__ import annotations
 
+import hashlib
 import re
 
+# Printable ASCII without the two characters a Python "..." literal must escape.
+_PLAIN_ASCII = re.compile(r"[ !#-\[\]-~]*")
 _MD_PUNCT = frozenset("\\`*_{}[]<>()#+-.!|~&\"'=:$^@%")
 
 
@@ -21,6 +24,8 @@ def fold(text: str) -> str:
 
 def py_str(text: str) -> str:
     """A double-quoted Python string literal equal to `text`."""
+    if _PLAIN_ASCII.fullmatch(text):
+        return '"' + text + '"'  # the common case: a name, or plain ASCII text
     out = []
     for ch in text:
         if ch == "\\":
@@ -60,6 +65,91 @@ def sql_str(text: str) -> str:
 
 def sql_comment(text: str) -> str:
     return fold(text)
+
+
+# Every PostgreSQL keyword, of any category (`SELECT word FROM pg_get_keywords()` on
+# 15, plus the words 16 to 18 added). Reserved ones must be quoted to name a table
+# (`user`, `order`); quoting an unreserved one is harmless (a quoted lower-case name
+# is the same identifier), so all are quoted and no category can be got wrong.
+_SQL_KEYWORDS = frozenset(
+    """
+    abort absent absolute access action add admin after aggregate all also alter always
+    analyse analyze and any array as asc asensitive assertion assignment asymmetric at
+    atomic attach attribute authorization backward before begin between bigint binary
+    bit boolean both breadth by cache call called cascade cascaded case cast catalog
+    chain char character characteristics check checkpoint class close cluster coalesce
+    collate collation column columns comment comments commit committed compression
+    concurrently conditional configuration conflict connection constraint constraints
+    content continue conversion copy cost create cross csv cube current current_catalog
+    current_date current_role current_schema current_time current_timestamp current_user
+    cursor cycle data database day deallocate dec decimal declare default defaults
+    deferrable deferred definer delete delimiter delimiters depends depth desc detach
+    dictionary disable discard distinct do document domain double drop each else empty
+    enable encoding encrypted end enum error escape event except exclude excluding
+    exclusive execute exists explain expression extension external extract false family
+    fetch filter finalize first float following for force foreign format forward freeze
+    from full function functions generated global grant granted greatest group grouping
+    groups handler having header hold hour identity if ilike immediate immutable
+    implicit import in include including increment index indexes inherit inherits
+    initially inline inner inout input insensitive insert instead int integer intersect
+    interval into invoker is isnull isolation join json json_array json_arrayagg
+    json_exists json_object json_objectagg json_query json_scalar json_serialize
+    json_table json_value keep key keys label language large last lateral leading
+    leakproof least left level like limit listen load local localtime localtimestamp
+    location lock locked logged mapping match matched materialized maxvalue merge
+    merge_action method minute minvalue mode month move name names national natural
+    nchar nested new next nfc nfd nfkc nfkd no none normalize normalized not nothing
+    notify notnull nowait null nullif nulls numeric object of off offset oids old omit
+    on only operator option options or order ordinality others out outer over overlaps
+    overlay overriding owned owner parallel parameter parser partial partition passing
+    password path placing plans policy position preceding precision prepare prepared
+    preserve primary prior privileges procedural procedure procedures program
+    publication quote quotes range read real reassign recheck recursive ref references
+    referencing refresh reindex relative release rename repeatable replace replica reset
+    restart restrict return returning returns revoke right role rollback rollup routine
+    routines row rows rule savepoint scalar schema schemas scroll search second security
+    select sequence sequences serializable server session session_user set setof sets
+    share show similar simple skip smallint snapshot some sql stable standalone start
+    statement statistics stdin stdout storage stored strict string strip subscription
+    substring support symmetric sysid system system_user table tables tablesample
+    tablespace temp template temporary text then ties time timestamp to trailing
+    transaction transform treat trigger trim true truncate trusted type types uescape
+    unbounded uncommitted unconditional unencrypted union unique unknown unlisten
+    unlogged until update user using vacuum valid validate validator value values
+    varchar variadic varying verbose version view views virtual volatile when where
+    whitespace window with within without work wrapper write xml xmlattributes xmlconcat
+    xmlelement xmlexists xmlforest xmlnamespaces xmlparse xmlpi xmlroot xmlserialize
+    xmltable year yes zone
+    """.split()
+)
+_SQL_PLAIN = re.compile(r"[a-z_][a-z0-9_]*")
+SQL_NAME_MAX = 63  # NAMEDATALEN - 1: PostgreSQL silently truncates longer names
+
+
+def sql_ident(name: str) -> str:
+    """A SQL identifier that names exactly `name`: bare when it is a plain lower-case
+    identifier and no keyword, double-quoted otherwise (quotes doubled)."""
+    if "\x00" in name:
+        raise ValueError("PostgreSQL identifiers cannot hold NUL")
+    if len(name.encode()) > SQL_NAME_MAX:
+        # PostgreSQL would truncate it silently, so two names could become one.
+        raise ValueError(f"identifier longer than {SQL_NAME_MAX} bytes: {name!r}")
+    if _SQL_PLAIN.fullmatch(name) and name not in _SQL_KEYWORDS:
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_name(*parts: str) -> str:
+    """A derived name (index, constraint, trigger, function) joining `parts` with `_`,
+    unquoted. Within 63 bytes it is the plain join; past that it is cut and given an
+    8-hex-digit suffix hashed from the full join, so distinct joins stay distinct
+    names, and the same join always gives the same name."""
+    full = "_".join(parts)
+    if len(full.encode()) <= SQL_NAME_MAX:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    head = full.encode()[: SQL_NAME_MAX - len(digest) - 1].decode(errors="ignore")
+    return head + "_" + digest
 
 
 def mermaid_comment(text: str) -> str:

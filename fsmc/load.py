@@ -192,7 +192,7 @@ def _position_in_bytes(data: bytes, offset: int) -> Pos:
 def _parser(text: str) -> Any:
     """libyaml's event parser when present (fast, iterative), else PyYAML's own."""
     if getattr(yaml, "__with_libyaml__", False):
-        from yaml._yaml import CParser  # type: ignore[import-not-found]
+        from yaml._yaml import CParser
 
         return CParser(text)
     return yaml.BaseLoader(text)
@@ -432,8 +432,8 @@ def walk(root: Any, parts: Iterator[str | int] | list[str | int]) -> tuple[Any, 
     for part in parts:
         if isinstance(node, Sequence) and isinstance(part, int) and 0 <= part < len(node):
             node, pos = node[part], node.item_pos[part]
-        elif isinstance(node, Mapping) and part in node:
-            node, pos = node[part], node.value_pos[str(part)]
+        elif isinstance(node, Mapping) and isinstance(part, str) and part in node:
+            node, pos = node[part], node.value_pos[part]
         else:
             break
     return node, pos

@@ -69,7 +69,9 @@ def orphans(out: Path, files: dict[str, str]) -> list[str]:
 
 
 def compare(out: Path, files: dict[str, str]) -> Stale:
-    changed, missing, chunks = [], [], []
+    changed: list[str] = []
+    missing: list[str] = []
+    chunks: list[str] = []
     for rel in sorted(files):
         path = out / rel
         new = files[rel]

@@ -34,6 +34,30 @@ def _validator() -> Any:
     return Draft202012Validator(json.loads(schema_text()))
 
 
+@cache
+def _fast_check() -> Any:
+    # fastjsonschema compiles the same schema to Python: about 20x faster than
+    # jsonschema on a 20,000-transition spec, but it stops at the first error. So
+    # it only answers "does it fit?"; jsonschema finds and explains every error.
+    # It knows draft 7, which has every keyword this schema uses.
+    import fastjsonschema
+
+    schema = json.loads(schema_text())
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    return fastjsonschema.compile(schema)
+
+
+def fits(root: Any) -> bool:
+    """True when `root` satisfies the schema (the fast path; no explanations)."""
+    import fastjsonschema
+
+    try:
+        _fast_check()(root)
+    except fastjsonschema.JsonSchemaException:
+        return False
+    return True
+
+
 def check_shape(doc: Document) -> list[Diagnostic]:
     """One `schema` diagnostic per way `doc` does not fit the spec language."""
     if doc.root is None:
@@ -42,6 +66,8 @@ def check_shape(doc: Document) -> list[Diagnostic]:
     version = _version_problem(doc)
     if version is not None:
         return [version]
+    if fits(doc.root):
+        return []
     out: list[Diagnostic] = []
     for error in _validator().iter_errors(doc.root):
         out.extend(_from_error(doc, error))
@@ -106,7 +132,7 @@ def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | Non
         ]  # fmt: skip
     if kind == "type":
         wanted = expected if isinstance(expected, list) else [expected]
-        names = " or ".join(_TYPE_NAMES.get(t, t) for t in wanted)
+        names = " or ".join(_TYPE_NAMES.get(str(t), str(t)) for t in wanted)
         hint = ""
         if "string" in wanted and isinstance(error.instance, (bool, int, float)) or (
             "string" in wanted and error.instance is None

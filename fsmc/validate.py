@@ -13,6 +13,7 @@ import difflib
 import keyword
 import re
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from fsmc.diagnostics import Diagnostic
 from fsmc.load import Text
@@ -26,6 +27,7 @@ TABLE_MAX = 63
 RESERVED_CAMEL = {"State": "state", "Event": "event", "IllegalTransition": "illegal_transition"}
 
 Rule = Callable[[Machine], Iterator[Diagnostic]]
+GraphRule = Callable[[Machine, Any], Iterator[Diagnostic]]
 
 
 def _at(m: Machine, where: Text | tuple[int, int], code: str, message: str) -> Diagnostic:
@@ -113,35 +115,42 @@ def duplicate_name(m: Machine) -> Iterator[Diagnostic]:
 
 def unknown_state(m: Machine) -> Iterator[Diagnostic]:
     declared = m.state_names
-    refs: list[tuple[str, Text]] = []
+    refs: list[tuple[str | tuple[int, str], Text]] = []
     if m.initial is not None:
         refs.append(("initial", m.initial))
     refs += [("terminals", t) for t in m.terminals]
     if m.lease:
         refs += [("lease.states", s) for s in m.lease.states]
     for t in m.transitions:
-        refs += [(f"transitions[{t.index}].from", t.source), (f"transitions[{t.index}].to", t.target)]
+        refs += [((t.index, "from"), t.source), ((t.index, "to"), t.target)]
     yield from _unknown(m, refs, declared, "unknown-state", "state")
 
 
 def unknown_event(m: Machine) -> Iterator[Diagnostic]:
-    refs = [(f"transitions[{t.index}].event", t.event) for t in m.transitions]
+    refs: list[tuple[str | tuple[int, str], Text]] = [
+        ((t.index, "event"), t.event) for t in m.transitions
+    ]
     if m.lease:
         refs.append(("lease.reclaim", m.lease.reclaim))
     yield from _unknown(m, refs, m.event_names, "unknown-event", "event")
 
 
 def _unknown(
-    m: Machine, refs: list[tuple[str, Text]], declared: tuple[str, ...], code: str, kind: str
+    m: Machine,
+    refs: list[tuple[str | tuple[int, str], Text]],
+    declared: tuple[str, ...],
+    code: str,
+    kind: str,
 ) -> Iterator[Diagnostic]:
     known = set(declared)
     seen: set[tuple[int, int]] = set()
-    for path, name in refs:
+    for where, name in refs:
         # A `from` list yields one transition per source, all sharing the written `to`
         # and `event`: report each written name once.
         if name in known or name.pos in seen:
             continue
         seen.add(name.pos)
+        path = where if isinstance(where, str) else f"transitions[{where[0]}].{where[1]}"
         yield _at(
             m, name, code,
             f"{path}: '{name}' is not a declared {kind}{_did_you_mean(name, declared)}",
@@ -173,7 +182,8 @@ def terminal_exit(m: Machine) -> Iterator[Diagnostic]:
             )  # fmt: skip
 
 
-def _graph(m: Machine):  # type: ignore[no-untyped-def]  # networkx is untyped
+def graph_of(m: Machine) -> Any:
+    """The machine as a networkx DiGraph of states (networkx is untyped)."""
     import networkx as nx
 
     g = nx.DiGraph()
@@ -182,12 +192,12 @@ def _graph(m: Machine):  # type: ignore[no-untyped-def]  # networkx is untyped
     return g
 
 
-def unreachable_state(m: Machine) -> Iterator[Diagnostic]:
+def unreachable_state(m: Machine, g: Any) -> Iterator[Diagnostic]:
     import networkx as nx
 
     if m.initial is None:
         return
-    reached = nx.descendants(_graph(m), str(m.initial)) | {str(m.initial)}
+    reached = nx.descendants(g, str(m.initial)) | {str(m.initial)}
     for d in _first_declarations(m):
         if d not in reached:
             yield _at(
@@ -196,7 +206,7 @@ def unreachable_state(m: Machine) -> Iterator[Diagnostic]:
             )  # fmt: skip
 
 
-def dead_end(m: Machine) -> Iterator[Diagnostic]:
+def dead_end(m: Machine, g: Any) -> Iterator[Diagnostic]:
     sources = {s for s, _, _ in m.edges}
     for d in _first_declarations(m):
         if d not in m.terminal_names and d not in sources:
@@ -207,13 +217,12 @@ def dead_end(m: Machine) -> Iterator[Diagnostic]:
             )  # fmt: skip
 
 
-def trap(m: Machine) -> Iterator[Diagnostic]:
+def trap(m: Machine, g: Any) -> Iterator[Diagnostic]:
     import networkx as nx
 
-    g = _graph(m)
-    escapes: set[str] = set(m.terminal_names)
-    for terminal in m.terminal_names:
-        escapes |= nx.ancestors(g, terminal)
+    # Everything that can reach a terminal: one reverse search from all terminals.
+    reverse = g.reverse(copy=False)
+    escapes = set(nx.multi_source_dijkstra_path_length(reverse, set(m.terminal_names)))
     sources = {s for s, _, _ in m.edges}
     for d in _first_declarations(m):
         # A state with no way out at all is a dead-end; saying "trap" too adds nothing.
@@ -226,7 +235,7 @@ def trap(m: Machine) -> Iterator[Diagnostic]:
             )  # fmt: skip
 
 
-def lease_reclaim(m: Machine) -> Iterator[Diagnostic]:
+def lease_reclaim(m: Machine, g: Any) -> Iterator[Diagnostic]:
     if m.lease is None:
         return
     for state in m.lease.states:
@@ -238,7 +247,7 @@ def lease_reclaim(m: Machine) -> Iterator[Diagnostic]:
             )  # fmt: skip
 
 
-def unused_event(m: Machine) -> Iterator[Diagnostic]:
+def unused_event(m: Machine, g: Any) -> Iterator[Diagnostic]:
     used = {e for _, e, _ in m.edges}
     seen: set[str] = set()
     for d in m.events:
@@ -264,7 +273,7 @@ REFERENCE_RULES: tuple[Rule, ...] = (
 )
 # These judge the machine as a whole, so they run only on one whose names resolve
 # (an event used only by a misspelt transition is not "unused").
-GRAPH_RULES: tuple[Rule, ...] = (unreachable_state, dead_end, trap, lease_reclaim, unused_event)
+GRAPH_RULES: tuple[GraphRule, ...] = (unreachable_state, dead_end, trap, lease_reclaim, unused_event)
 # Codes that make the graph meaningless: names that do not resolve.
 _BLOCKING = {"duplicate-name", "unknown-state", "unknown-event"}
 
@@ -277,5 +286,6 @@ def validate(m: Machine, *, shape_ok: bool = True) -> list[Diagnostic]:
     """
     found = [d for rule in REFERENCE_RULES for d in rule(m)]
     if shape_ok and m.initial is not None and not any(d.code in _BLOCKING for d in found):
-        found += [d for rule in GRAPH_RULES for d in rule(m)]
+        graph = graph_of(m)
+        found += [d for rule in GRAPH_RULES for d in rule(m, graph)]
     return found

@@ -92,12 +92,11 @@ def test_usage_errors_are_exit_2(fsmc) -> None:  # type: ignore[no-untyped-def]
     assert raised.value.code == 2
 
 
-def test_version(fsmc) -> None:  # type: ignore[no-untyped-def]
+def test_version() -> None:
     from fsmc import __version__
 
-    with pytest.raises(SystemExit) as raised:
-        fsmc("--version")
-    assert raised.value.code == 0
+    done = subprocess.run([sys.executable, "-m", "fsmc", "--version"], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, f"fsmc {__version__}\n")
 
 
 def test_schema_is_the_json_schema_the_examples_satisfy(fsmc) -> None:  # type: ignore[no-untyped-def]
