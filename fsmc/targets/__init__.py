@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsmc.model import Machine
-from fsmc.targets import mermaid, pytest_suite, python, readme
+from fsmc.targets import mermaid, pytest_suite, python, readme, sql
 from fsmc.targets.common import Paths
 
 
@@ -30,5 +30,6 @@ def generate(machine: Machine) -> Output:
         paths.mermaid: mermaid.emit(machine, diagram),
         paths.tests: pytest_suite.emit(machine),
         paths.readme: readme.emit(machine, diagram),
+        paths.sql: sql.emit(machine),
     }
     return Output(files, mermaid.warnings(machine, files[paths.mermaid], paths.mermaid))

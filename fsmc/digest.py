@@ -1,0 +1,65 @@
+"""Digest: one sha256 that names what a machine means to its database, not how it is written.
+
+`machine_digest(machine)` is the sha256 (hex) of a canonical JSON document holding
+exactly the facts the generated schema is built from: the machine's name, its
+states, events, terminals, initial state, transitions, lease (states and reclaim
+event) and PostgreSQL options (table, events table, id type, defaults resolved).
+Descriptions, comments, key order, list order, YAML style and `from:` lists versus
+one transition per source leave it unchanged; any change to one of those facts
+changes it. Sets are sorted, since no order among states, events or transitions
+reaches the database (a CHECK's IN list means the same in any order).
+
+Where the schema records it: the generated `.sql` defines
+
+    <machine>_fsmc_digest() RETURNS text   -- IMMUTABLE; the 64 hex digits
+
+next to `<machine>_apply`. A migration script reads and checks it with
+
+    SELECT <machine>_fsmc_digest();          -- or, to test that it exists first:
+    SELECT to_regprocedure('<machine>_fsmc_digest()') IS NOT NULL;
+
+A function rather than a COMMENT because a comment is documentation that people
+and tools rewrite (`COMMENT ON TABLE jobs IS ...` during an incident review would
+silently erase it), while replacing a function is a deliberate schema change, which
+is what `fsmc migrate` makes when it moves the database to a new machine.
+
+Never raises for a machine that passed validation; reads nothing but the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from fsmc.model import Machine
+
+# Bump when the canonical document changes shape, so old and new digests never meet.
+DIGEST_FORMAT = "fsmc-machine/1"
+
+
+def canonical(machine: Machine) -> str:
+    """The canonical JSON text whose sha256 is the digest (exposed for tests and tools)."""
+    m = machine
+    facts = {
+        "format": DIGEST_FORMAT,
+        "machine": str(m.name),
+        "initial": None if m.initial is None else str(m.initial),
+        "states": sorted(m.state_names),
+        "events": sorted(m.event_names),
+        "terminals": sorted(m.terminal_names),
+        "transitions": sorted([s, e, t] for s, e, t in m.edges),
+        "lease": None
+        if m.lease is None
+        else {"states": sorted(str(s) for s in m.lease.states), "reclaim": str(m.lease.reclaim)},
+        "postgres": {
+            "table": str(m.postgres.table),
+            "events_table": str(m.postgres.events_table),
+            "id_type": m.postgres.id_type,
+        },
+    }
+    return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def machine_digest(machine: Machine) -> str:
+    """sha256 hex of `canonical(machine)`."""
+    return hashlib.sha256(canonical(machine).encode("ascii")).hexdigest()
