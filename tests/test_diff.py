@@ -1,0 +1,340 @@
+"""fsmc diff (contract section 5): golden cases, exit codes, refusals, REV:PATH, colour.
+
+Each folder of tests/diff_cases/ is one case: old.yaml and new.yaml, and what
+`fsmc diff old.yaml new.yaml` prints in each format (expected.txt, expected.md,
+expected.json) and its exit status (expected.exit), compared byte for byte.
+`FSMC_UPDATE_GOLDEN=1 python -m pytest tests/test_diff.py` rewrites the expected
+files from the current output; read `git diff tests/diff_cases` before committing.
+The facts a regenerated golden could silently get wrong (exit status, breaking,
+which changes a case holds) are also asserted here by hand, in `FACTS`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fsmc.diff import Changes, compare
+from fsmc.diff_render import as_text
+from fsmc.model import Machine
+from fsmc.pipeline import check
+from fsmc.source import read
+from tests.conftest import ROOT
+
+CASES = ROOT / "tests" / "diff_cases"
+FORMATS = {"text": "expected.txt", "markdown": "expected.md", "json": "expected.json"}
+UPDATE = bool(os.environ.get("FSMC_UPDATE_GOLDEN"))
+
+# case -> (exit status, breaking, the kinds of change it holds). Written by hand, so
+# that regenerating the goldens cannot quietly change what a case means.
+FACTS: dict[str, tuple[int, bool, set[str]]] = {
+    "identical": (0, False, set()),
+    "reordered_only": (0, False, set()),
+    "descriptions_only": (0, False, set()),
+    "hostile_descriptions": (0, False, set()),
+    "added_state": (1, False, {"states+", "events+", "transitions+"}),
+    "new_terminal": (1, False, {"states+", "events+", "terminals+", "transitions+"}),
+    "made_terminal": (1, True, {"events-", "terminals+", "transitions-"}),
+    "changed_initial": (1, True, {"initial"}),
+    "removed_transition": (1, True, {"transitions-"}),
+    "retargeted_transition": (1, True, {"transitions~"}),
+    "removed_state": (1, True, {"states-", "events-", "transitions-"}),
+    "removed_event": (1, True, {"events-", "transitions-"}),
+    "renamed_state": (1, True, {"states+", "states-", "terminals+", "terminals-", "transitions~"}),
+    "mermaid_keywords": (
+        1,
+        True,
+        {"states+", "states-", "transitions+", "transitions-", "transitions~"},
+    ),
+}
+
+
+def case_names() -> list[str]:
+    return sorted(p.name for p in CASES.iterdir() if p.is_dir())
+
+
+def machine(path: Path | str) -> Machine:
+    checked = check(read(str(path)))
+    assert checked.ok() and checked.machine is not None, checked.diagnostics
+    return checked.machine
+
+
+def changes_of(case: str) -> Changes:
+    return compare(machine(CASES / case / "old.yaml"), machine(CASES / case / "new.yaml"))
+
+
+def kinds(c: Changes) -> set[str]:
+    found = set()
+    for kind, names in (("states", c.states), ("events", c.events), ("terminals", c.terminals)):
+        found |= {kind + "+"} if names.added else set()
+        found |= {kind + "-"} if names.removed else set()
+    found |= {"transitions+"} if c.added else set()
+    found |= {"transitions-"} if c.removed else set()
+    found |= {"transitions~"} if c.retargeted else set()
+    found |= {"initial"} if c.initial else set()
+    return found
+
+
+def test_every_case_folder_has_facts_and_every_fact_a_folder() -> None:
+    assert case_names() == sorted(FACTS)
+
+
+@pytest.mark.parametrize("case", sorted(FACTS))
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_golden(case: str, fmt: str, fsmc) -> None:  # type: ignore[no-untyped-def]
+    folder = CASES / case
+    ran = fsmc("diff", folder / "old.yaml", folder / "new.yaml", "--format", fmt)
+    assert ran.err == ""
+    expected, exit_file = folder / FORMATS[fmt], folder / "expected.exit"
+    if UPDATE:
+        expected.write_bytes(ran.out.encode())
+        exit_file.write_text(f"{ran.code}\n")
+    assert ran.out.encode() == expected.read_bytes()
+    assert ran.code == int(exit_file.read_text())
+
+
+@pytest.mark.parametrize("case", sorted(FACTS))
+def test_facts(case: str) -> None:
+    code, breaking, expected_kinds = FACTS[case]
+    c = changes_of(case)
+    assert (int(not c.same), c.breaking, kinds(c)) == (code, breaking, expected_kinds)
+    assert int((CASES / case / "expected.exit").read_text()) == code
+    doc = json.loads((CASES / case / "expected.json").read_text())
+    assert doc["breaking"] is breaking
+
+
+def test_descriptions_are_listed_apart_and_never_count() -> None:
+    c = changes_of("descriptions_only")
+    d = c.descriptions
+    assert d.machine is not None and d.machine.new == "Lifecycle of a background job in relayd."
+    assert [(x.name, x.old, x.new) for x in d.states] == [
+        ("running", "actively executing", "a worker is executing it"),
+        ("failed", "the machinery broke; may be retried", None),
+    ]
+    assert [(x.name, x.old, x.new) for x in d.events] == [
+        ("finish", None, "the work ran to completion")
+    ]
+    assert [(x.source, x.event, x.new) for x in d.transitions] == [
+        ("running", "pause", "an operator or supervisor halts it")
+    ]
+    assert c.same and c.count == 0
+    assert not changes_of("reordered_only").descriptions
+
+
+def test_breaking_rules_of_the_contract() -> None:
+    # Removing a state, an event or a transition, retargeting, changing the initial
+    # state and making an existing state terminal are breaking; additions are not.
+    removed = changes_of("removed_state")
+    assert all(n.breaking for n in removed.states.removed + removed.events.removed)
+    assert all(e.breaking for e in removed.removed)
+    assert all(r.breaking for r in changes_of("retargeted_transition").retargeted)
+    initial = changes_of("changed_initial").initial
+    assert initial is not None and (initial.old, initial.new, initial.breaking) == (
+        "queued",
+        "running",
+        True,
+    )
+    made = changes_of("made_terminal").terminals.added
+    assert [(n.name, n.breaking) for n in made] == [("paused", True)]
+    new = changes_of("new_terminal")
+    assert [(n.name, n.breaking) for n in new.terminals.added] == [("cancelled", False)]
+    added = changes_of("added_state")
+    assert not added.breaking and added.count == 4
+    # A terminal that stops being one only gains transitions: compatible by itself.
+    renamed = changes_of("renamed_state")
+    assert [(n.name, n.breaking) for n in renamed.terminals.removed] == [("abandoned", False)]
+
+
+def test_order_is_new_spec_order_then_old_for_removed() -> None:
+    added = changes_of("added_state")
+    assert [(e.source, e.event) for e in added.added] == [("queued", "claim"), ("claimed", "start")]
+    removed = changes_of("removed_state")
+    assert [(e.source, e.event) for e in removed.removed] == [
+        ("running", "pause"),
+        ("paused", "resume"),
+        ("paused", "abandon"),
+    ]
+    assert [n.name for n in removed.events.removed] == ["pause", "resume"]
+
+
+@pytest.mark.parametrize("case", sorted(FACTS))
+def test_swapping_old_and_new_swaps_every_change(case: str) -> None:
+    old, new = machine(CASES / case / "old.yaml"), machine(CASES / case / "new.yaml")
+    forth, back = compare(old, new), compare(new, old)
+    for a, b in ((forth.states, back.states), (forth.events, back.events)):
+        assert [n.name for n in a.added] == [n.name for n in b.removed]
+        assert [n.name for n in a.removed] == [n.name for n in b.added]
+    assert {n.name for n in forth.terminals.added} == {n.name for n in back.terminals.removed}
+    assert {(e.source, e.event, e.target) for e in forth.added} == {
+        (e.source, e.event, e.target) for e in back.removed
+    }
+    assert {(r.source, r.event, r.old_target, r.new_target) for r in forth.retargeted} == {
+        (r.source, r.event, r.new_target, r.old_target) for r in back.retargeted
+    }
+    assert (forth.initial is None) == (back.initial is None)
+    assert forth.count == back.count
+
+
+def test_json_has_exactly_the_contract_keys() -> None:
+    for case in FACTS:
+        doc = json.loads((CASES / case / "expected.json").read_text())
+        assert list(doc) == [
+            "states",
+            "events",
+            "terminals",
+            "transitions",
+            "initial",
+            "breaking",
+            "descriptions",
+        ]
+        for key in ("states", "events", "terminals"):
+            assert list(doc[key]) == ["added", "removed"]
+        assert list(doc["transitions"]) == ["added", "removed", "retargeted"]
+        for item in doc["transitions"]["added"] + doc["transitions"]["removed"]:
+            assert list(item) == ["from", "event", "to", "breaking"]
+        for item in doc["transitions"]["retargeted"]:
+            assert list(item) == ["from", "event", "old_to", "new_to", "breaking"]
+        assert doc["initial"] is None or list(doc["initial"]) == ["old", "new"]
+    doc = json.loads((CASES / "changed_initial" / "expected.json").read_text())
+    assert doc["initial"] == {"old": "queued", "new": "running"}
+
+
+def test_text_and_markdown_cannot_be_driven_by_descriptions() -> None:
+    text = (CASES / "hostile_descriptions" / "expected.txt").read_text()
+    assert "\x1b" not in text and "\u202e" not in text
+    assert len(text.splitlines()) == 5  # summary, blank, heading, one line per description
+    md = (CASES / "hostile_descriptions" / "expected.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    # Each row has exactly four unescaped pipes: a description cannot add a cell.
+    assert all(len(re.findall(r"(?<!\\)\|", row)) == 4 for row in rows)
+    assert "<script>" not in md and "\x1b" not in md
+
+
+# --- refusals and exit codes --------------------------------------------------------
+
+
+def test_a_missing_file_is_trouble(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ran = fsmc("diff", CASES / "identical" / "old.yaml", tmp_path / "nope.yaml")
+    assert (ran.code, ran.out) == (2, "")
+    assert ran.err == f"fsmc: error: {tmp_path / 'nope.yaml'}: no such file\n"
+
+
+def test_a_spec_with_errors_is_trouble_and_its_diagnostics_go_to_stderr(  # type: ignore[no-untyped-def]
+    fsmc, tmp_path
+) -> None:
+    good = CASES / "identical" / "old.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("to: completed}", "to: complete}"))
+    ran = fsmc("diff", good, bad)
+    assert (ran.code, ran.out) == (2, "")
+    lines = ran.err.splitlines()
+    assert lines[0].startswith(f"{bad}:") and lines[0].endswith("[unknown-state]")
+    assert "did you mean 'completed'?" in lines[0]
+    assert lines[-1] == f"fsmc: error: cannot compare: {bad} has errors"
+    ran = fsmc("diff", bad, bad, "--format", "json")
+    assert (ran.code, ran.out) == (2, "")
+    assert ran.err.splitlines()[-1] == f"fsmc: error: cannot compare: {bad} and {bad} have errors"
+
+
+def test_a_renamed_machine_is_an_error_not_a_diff(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    old = CASES / "identical" / "old.yaml"
+    new = tmp_path / "task.yaml"
+    new.write_text(old.read_text().replace("machine: job", "machine: task"))
+    ran = fsmc("diff", old, new, "--format", "json")
+    assert (ran.code, ran.out) == (2, "")
+    assert ran.err == (
+        f"fsmc: error: {old} defines machine 'job' but {new} defines 'task': diff "
+        "compares two versions of one machine, and a renamed machine is a new one "
+        "(new module, tables and functions)\n"
+    )
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+def test_rev_path_reads_old_from_git(tmp_path, monkeypatch, fsmc) -> None:  # type: ignore[no-untyped-def]
+    if shutil.which("git") is None:
+        pytest.fail("git is required")
+    case = CASES / "retargeted_transition"
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "config", "user.email", "t@example.invalid")
+    _git(tmp_path, "config", "user.name", "t")
+    (tmp_path / "spec.yaml").write_bytes((case / "old.yaml").read_bytes())
+    _git(tmp_path, "add", "spec.yaml")
+    _git(tmp_path, "commit", "-qm", "v1")
+    (tmp_path / "spec.yaml").write_bytes((case / "new.yaml").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    ran = fsmc("diff", "HEAD:spec.yaml", "spec.yaml", "--format", "json")
+    assert (ran.code, ran.err) == (1, "")
+    assert ran.out == (case / "expected.json").read_text()
+    ran = fsmc("diff", "HEAD:spec.yaml", "HEAD:spec.yaml")
+    assert (ran.code, ran.out, ran.err) == (0, "machine job: no changes\n", "")
+    ran = fsmc("diff", "HEAD~3:spec.yaml", "spec.yaml")
+    assert ran.code == 2 and ran.out == ""
+    assert ran.err.startswith("fsmc: error: HEAD~3:spec.yaml:")
+
+
+def test_the_command_as_a_subprocess() -> None:
+    case = CASES / "removed_state"
+    done = subprocess.run(
+        [sys.executable, "-m", "fsmc", "diff", "old.yaml", "new.yaml", "--format", "markdown"],
+        cwd=case,
+        capture_output=True,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (1, b"")
+    assert done.stdout == (case / "expected.md").read_bytes()
+
+
+# --- colour -------------------------------------------------------------------------
+
+_ANSI = re.compile("\x1b\\[[0-9;]*m")
+
+
+def test_colour_only_decorates_the_plain_text() -> None:
+    c = changes_of("removed_state")
+    coloured = as_text(c, color=True)
+    assert "\x1b[" in coloured
+    assert _ANSI.sub("", coloured) == as_text(c, color=False)
+
+
+def _on_a_tty(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run fsmc with stdout on a pseudo-terminal; its exit status and what it wrote."""
+    main, child = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fsmc", *args], stdout=child, stderr=subprocess.PIPE, env=env
+    )
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main)
+    return proc.wait(timeout=60), b"".join(chunks).decode()
+
+
+def test_colour_on_a_tty_unless_no_color() -> None:
+    case = CASES / "removed_state"
+    args = ["diff", str(case / "old.yaml"), str(case / "new.yaml")]
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    code, out = _on_a_tty(args, env)
+    assert code == 1 and "\x1b[31m" in out
+    plain = (case / "expected.txt").read_text()
+    assert _ANSI.sub("", out).replace("\r\n", "\n") == plain
+    code, out = _on_a_tty(args, {**env, "NO_COLOR": "1"})
+    assert code == 1 and "\x1b" not in out
+    assert out.replace("\r\n", "\n") == plain
