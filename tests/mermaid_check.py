@@ -1,0 +1,136 @@
+"""Real Mermaid, from Python: parse many diagrams in one Node process.
+
+`parse_all(texts)` hands every text to `tests/mermaid/parse.mjs` at once (Node and
+Mermaid start once per call, about a second) and returns one `Result` per text.
+The npm packages are pinned in `tests/mermaid/package-lock.json`; `tests/run.sh`
+installs them. When they are missing, `parse_all` fails the calling test with the
+command to run: this check never skips, in CI or anywhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent / "mermaid"
+SCRIPT = HERE / "parse.mjs"
+INSTALL = "npm ci --prefix tests/mermaid"
+START, END = "[*]", "[*]"  # how Result.edges names the start and end pseudo-states
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    label: str
+    shape: str
+
+
+@dataclass(frozen=True)
+class Result:
+    """What real Mermaid made of one diagram text."""
+
+    ok: bool
+    type: str = ""
+    error: str = ""
+    nodes: tuple[Node, ...] = ()
+    edges: tuple[tuple[str, str, str], ...] = ()  # (source label, target label, edge label)
+    length: int = 0
+    raw: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_state_diagram(self) -> bool:
+        return self.ok and self.type.startswith("stateDiagram")
+
+    @property
+    def state_labels(self) -> list[str]:
+        """Labels of the drawn states, in Mermaid's order, without the [*] pseudo-states."""
+        return [n.label for n in self.nodes if n.shape == "rect"]
+
+
+def from_raw(raw: dict[str, object]) -> Result:
+    """The Result of one entry of parse.mjs's report."""
+    if not raw.get("ok"):
+        return Result(ok=False, error=str(raw.get("error", "")), raw=raw)
+    nodes = tuple(
+        Node(str(n["id"]), str(n["label"]), str(n["shape"]))
+        for n in raw.get("nodes", [])  # type: ignore[attr-defined]
+    )
+    by_id = {n.id: n for n in nodes}
+
+    def name(node_id: str) -> str:
+        node = by_id.get(node_id)
+        if node is None:
+            return "?" + node_id
+        if node.shape == "stateStart":
+            return START
+        if node.shape == "stateEnd":
+            return END
+        return node.label
+
+    edges = tuple(
+        (name(str(e["start"])), name(str(e["end"])), str(e["label"]))
+        for e in raw.get("edges", [])  # type: ignore[attr-defined]
+    )
+    return Result(
+        ok=True,
+        type=str(raw.get("type", "")),
+        nodes=nodes,
+        edges=edges,
+        length=int(raw.get("length", 0)),  # type: ignore[call-overload]
+        raw=raw,
+    )
+
+
+def require_mermaid() -> None:
+    """Fail (never skip) the calling test when Node or the npm packages are missing."""
+    if shutil.which("node") is None:
+        pytest.fail("node is not on PATH: the Mermaid check needs Node.js >= 20.19", pytrace=False)
+    if (
+        not (HERE / "node_modules" / "mermaid" / "package.json").is_file()
+        or not (HERE / "node_modules" / "jsdom" / "package.json").is_file()
+    ):
+        pytest.fail(
+            f"tests/mermaid/node_modules is missing: run `{INSTALL}` "
+            "(tests/run.sh does it for you); the Mermaid check never skips",
+            pytrace=False,
+        )
+
+
+def parse_all(texts: Sequence[str], timeout: float = 120) -> list[Result]:
+    """Parse every text with real Mermaid, in one Node process."""
+    require_mermaid()
+    if not texts:
+        return []
+    proc = subprocess.run(
+        ["node", str(SCRIPT)],
+        input=json.dumps(list(texts)),
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"parse.mjs exited {proc.returncode}:\n{proc.stderr}", pytrace=False)
+    raws = json.loads(proc.stdout)
+    assert len(raws) == len(texts), "parse.mjs must answer once per diagram"
+    return [from_raw(raw) for raw in raws]
+
+
+def parse(text: str) -> Result:
+    return parse_all([text])[0]
+
+
+_FENCE = re.compile(r"^```mermaid\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def mermaid_blocks(markdown: str) -> list[str]:
+    """The bodies of the ```mermaid fenced blocks of a Markdown text."""
+    return _FENCE.findall(markdown)
