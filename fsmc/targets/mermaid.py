@@ -1,41 +1,80 @@
 """The Mermaid diagram (contract 4.3): a stateDiagram-v2 that real Mermaid parses.
 
-State ids are the spec's names, except where a name could be read as Mermaid
-syntax (`end`, `state`, `note`, ...): such a state gets an id that no spec name
-can be (names are lower-case, so an upper-case `S_` prefix never collides) and a
-`state "name" as S_name` line, so it still shows its own name.
+A state's id in the diagram is its own name, so the .mmd file reads like the spec,
+except for the few names real Mermaid (11.x, checked by tests/test_mermaid.py)
+takes for something else. Those get an id no spec name can be (names are
+lower-case, so an upper-case `S_` prefix never collides) and a
+`state "name" as S_name` line, so they still show their own name:
+
+- words the stateDiagram lexer matches at the start of a token, whole (they end in
+  `\\s+`, `\\b` or `:` there, so `statement`, `notes`, `default_x` are safe):
+  `state` and `note` (then read as a declaration or a note, silently dropping an
+  arrow or failing), `class`, `classdef`, `style`, `scale`, `click`, `href`,
+  `default`, `statediagram`, `acctitle`, `accdescr`;
+- ids the state db uses itself: `root` (the document, never drawn), `root_start`
+  and `root_end` (the `[*]` pseudo-states, which such a state would merge with);
+- the lexer reads `direction` followed by any whitespace (newlines too) and
+  `TB`/`BT`/`RL`/`LR`, case-insensitively, as a direction statement that swallows
+  both lines. A line can end in `...direction` only if some name does; in such a
+  machine a state whose name starts with `tb`, `bt`, `rl` or `lr` may begin the
+  next line, so there it is aliased too. Elsewhere those names stay plain.
+
+Event names are edge labels (`a --> b: event`): the lexer takes the rest of the
+line as the label, so every event name is safe there.
+
+Mermaid refuses to draw text longer than its maxTextSize (50,000 by default),
+measured without the `%%` comment lines; `mermaid.parse` does not check it, so the
+file still parses. `build` warns past that size.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
 
 from fsmc.model import Machine
 from fsmc.targets.common import header_context
 from fsmc.templating import render
 
-# Words the stateDiagram lexer treats as syntax, and prefixes it may match greedily.
-_KEYWORDS = frozenset(
-    """end state note default direction class classdef style click as left right of over
-    fork join choice concurrent acctitle accdescr tb bt lr rl hide_empty_description
-    scale linkstyle interpolate graph flowchart statediagram""".split()
+RESERVED = frozenset(
+    """state note class classdef style scale click href default statediagram acctitle
+    accdescr root root_start root_end""".split()
 )
+DIRECTIONS = ("tb", "bt", "rl", "lr")
 MAX_TEXT = 50_000  # Mermaid's default maxTextSize: longer text is refused, not drawn
+_COMMENT_LINE = re.compile(r"^\s*%%(?!\{)[^\n]+\n?", re.MULTILINE)
 
 
-def state_id(name: str) -> str:
-    if name in _KEYWORDS or any(name.startswith(k) for k in _KEYWORDS):
+def state_id(name: str, *, after_direction: bool = False) -> str:
+    """The diagram id of state `name`; `after_direction` when a line may end in
+    `direction` (see `state_ids`)."""
+    if name in RESERVED or (after_direction and name.startswith(DIRECTIONS)):
         return "S_" + name
     return name
+
+
+def state_ids(states: Iterable[str], events: Iterable[str]) -> dict[str, str]:
+    """The diagram id of each state, in order, for a diagram whose lines end in
+    these states' and events' names."""
+    states = tuple(states)
+    after_direction = any(n.endswith("direction") for n in (*states, *events))
+    return {s: state_id(s, after_direction=after_direction) for s in states}
 
 
 def diagram(machine: Machine) -> str:
     """The stateDiagram-v2 body, shared by the .mmd file and the README."""
     m = machine
+    ids = state_ids(m.state_names, m.event_names)
+    initial = str(m.initial)
+    mentioned = {initial, *m.terminal_names, *(s for s, _, _ in m.edges), *(t for *_, t in m.edges)}
     return render(
         "diagram.mmd.j2",
-        aliases=[(state_id(s), s) for s in m.state_names if state_id(s) != s],
-        initial=state_id(str(m.initial)),
-        transitions=[(state_id(s), e, state_id(t)) for s, e, t in m.edges],
-        terminals=[state_id(s) for s in m.state_names if s in m.terminal_names],
+        aliases=[(i, s) for s, i in ids.items() if i != s],
+        initial=ids.get(initial, initial),
+        transitions=[(ids[s], e, ids[t]) for s, e, t in m.edges],
+        terminals=[ids[s] for s in m.state_names if s in m.terminal_names],
+        # A state on no arrow (only in a spec with errors, drawn by `fsmc graph`).
+        lone=[i for s, i in ids.items() if s not in mentioned and i == s],
     )
 
 
@@ -43,10 +82,17 @@ def emit(machine: Machine, body: str) -> str:
     return render("machine.mmd.j2", **header_context(machine), diagram=body)
 
 
+def measured(text: str) -> int:
+    """The length Mermaid holds against maxTextSize: the text without its `%%`
+    comment lines (Mermaid's `cleanupComments`, applied before the check)."""
+    return len(_COMMENT_LINE.sub("", text.replace("\r\n", "\n")).lstrip())
+
+
 def warnings(machine: Machine, text: str, path: str) -> list[str]:
-    if len(text) <= MAX_TEXT:
+    size = measured(text)
+    if size <= MAX_TEXT:
         return []
     return [
-        f"{path} is {len(text):,} characters; Mermaid's default maxTextSize is "
+        f"{path}: the diagram is {size:,} characters; Mermaid's default maxTextSize is "
         f"{MAX_TEXT:,}, so viewers will refuse to draw it (the file still parses)"
     ]
