@@ -1,0 +1,662 @@
+"""How fast fsmc and its generated code are, as ratios measured side by side.
+
+Run from anywhere: `python benchmarks/bench_core.py` (see benchmarks/README.md).
+It uses this checkout's fsmc (not whichever one is installed), installs nothing,
+and needs python-statemachine and transitions for section 3.
+
+Every figure is a ratio of two things timed in the same run, interleaved round by
+round, because the machines this runs on are shared and noisy: absolute times
+drift, ratios of neighbours much less. A ratio is the median of the per-round
+ratios; the range after it is the lowest and highest round. Each section prints
+its target and PASS or MISS.
+
+1. generated `apply(state, event)` against the bare `TRANSITIONS[(s, e)]` lookup;
+2. generated `Job.apply` against the seed's hand-written `Job.apply` (seed_job.py);
+3. both against python-statemachine and pytransitions driving the same machine;
+4. `fsmc build` of a generated 2,000-state / 20,000-transition spec, in-process and
+   whole-process, against `yaml.compose(text, Loader=yaml.CSafeLoader)` of the file;
+5. `fsmc check specs/job.yaml`, whole process, against `python -c "import yaml, networkx"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib.util
+import io
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+for _path in (str(HERE), str(ROOT)):  # this checkout's fsmc and the seed helper first
+    if _path in sys.path:
+        sys.path.remove(_path)
+    sys.path.insert(0, _path)
+
+import fsmc.templates  # noqa: E402
+import seed_job as seed  # noqa: E402
+import yaml  # noqa: E402
+
+from fsmc import cli, pipeline, source  # noqa: E402
+from fsmc.targets import generate  # noqa: E402
+
+# An editable install of fsmc made in another checkout maps `fsmc.templates` to that
+# checkout's templates/, which would mix its templates with this fsmc/.
+if Path(fsmc.templates.__path__[0]).resolve() != (ROOT / "templates").resolve():
+    raise SystemExit(
+        f"fsmc.templates resolves to {fsmc.templates.__path__[0]}, not {ROOT / 'templates'}: "
+        "run `pip install -e .` in this checkout first"
+    )
+
+# The event sequence every engine is driven through, from `queued` back to `queued`,
+# so one machine object can be driven round after round without a reset (a reset
+# costs a library more than a transition, and would flatter fsmc). It takes 8 of
+# the 11 transitions; the 3 into the final states end a run, so they are checked
+# for agreement (with all 63 (state, event) pairs) but not timed.
+CYCLE = (
+    "claim", "reclaim", "claim", "start", "reclaim", "claim", "start",
+    "pause", "resume", "error", "retry",
+)  # fmt: skip
+
+Timer = Callable[[int], float]  # runs n repetitions, returns seconds
+
+
+# --- timing -----------------------------------------------------------------------
+
+
+def calibrate(run: Timer, batch_s: float) -> int:
+    """Repetitions for one batch of about `batch_s` seconds."""
+    n = 1
+    while True:
+        took = run(n)
+        if took >= batch_s / 4 or n >= 1 << 24:
+            return max(1, int(n * batch_s / max(took, 1e-9)))
+        n *= 4
+
+
+def interleaved(
+    timers: dict[str, Timer], ops: int, rounds: int, batch_s: float
+) -> dict[str, list[float]]:
+    """Seconds per operation for each timer, one batch each per round, order rotated."""
+    reps = {name: calibrate(run, batch_s) for name, run in timers.items()}
+    names = list(timers)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            out[name].append(timers[name](reps[name]) / (reps[name] * ops))
+    return out
+
+
+def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    return [x / y for x, y in zip(a, b, strict=True)]
+
+
+def alternate(
+    commands: dict[str, Callable[[], list[str]]], runs: int, env: dict[str, str]
+) -> dict[str, list[float]]:
+    """Wall seconds of each command line, run alternately `runs` times after one
+    warm-up round; each callable gives the command line for one run."""
+    out: dict[str, list[float]] = {name: [] for name in commands}
+    for r in range(runs + 1):
+        order = list(commands) if r % 2 == 0 else list(reversed(commands))
+        for name in order:
+            argv = commands[name]()
+            t0 = time.perf_counter()
+            done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, check=False)
+            took = time.perf_counter() - t0
+            if done.returncode != 0:
+                raise SystemExit(
+                    f"{name} failed ({done.returncode}):\n{done.stderr.decode(errors='replace')}"
+                )
+            if r:  # the first round only warms the page and bytecode caches
+                out[name].append(took)
+    return out
+
+
+# --- reporting --------------------------------------------------------------------
+
+RESULTS: list[tuple[str, bool]] = []
+
+
+def fmt_time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def times_line(label: str, samples: Sequence[float], per: str = "") -> None:
+    print(
+        f"    {label:<44} min {fmt_time(min(samples)):>9}  "
+        f"median {fmt_time(statistics.median(samples)):>9}{per}"
+    )
+
+
+def verdict(
+    label: str,
+    rs: Sequence[float],
+    *,
+    at_most: float | None = None,
+    at_least: float | None = None,
+    unit: str = "x",
+) -> None:
+    """One target line: `rs` are per-round ratios (slower/faster or faster/slower)."""
+    mid = statistics.median(rs)
+    if at_most is not None:
+        ok, target = mid <= at_most, f"target <= {at_most:g}{unit}"
+    else:
+        assert at_least is not None
+        ok, target = mid >= at_least, f"target >= {at_least:g}{unit}"
+    spread = f"[{min(rs):.3g}..{max(rs):.3g}]"
+    print(f"  {label:<46} {mid:8.3g}{unit} {spread:<17} {target:<15} {'PASS' if ok else 'MISS'}")
+    RESULTS.append((label, ok))
+
+
+def info(label: str, rs: Sequence[float], unit: str = "x") -> None:
+    spread = f"[{min(rs):.3g}..{max(rs):.3g}]"
+    print(f"  {label:<46} {statistics.median(rs):8.3g}{unit} {spread:<17} (info)")
+
+
+# --- the generated module ---------------------------------------------------------
+
+
+def build_job_module(workdir: Path) -> ModuleType:
+    """Generate specs/job.yaml with this checkout's fsmc and import the module."""
+    result = pipeline.check(source.read(str(ROOT / "specs" / "job.yaml")))
+    if not result.ok(strict=True) or result.machine is None:
+        raise SystemExit(f"specs/job.yaml does not check: {result.diagnostics}")
+    files = generate(result.machine).files
+    path = workdir / "fsm_job.py"
+    path.write_text(files["job/fsm_job.py"], encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("fsm_job", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fsm_job"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the same machine in python-statemachine and pytransitions --------------------
+
+
+def edges(gen: ModuleType) -> list[tuple[str, str, str]]:
+    return [(s.value, e.value, t.value) for (s, e), t in gen.TRANSITIONS.items()]
+
+
+def statemachine_class(gen: ModuleType) -> type:
+    """The job machine as a python-statemachine class, built from the generated table:
+    one State per state (final for the terminals), one event per event name, joining
+    that event's transitions with `|` as the library documents."""
+    from statemachine import State, StateMachine
+
+    attrs: dict[str, Any] = {}
+    for s in gen.State:
+        attrs[s.value] = State(initial=s == gen.INITIAL, final=s in gen.TERMINAL)
+    by_event: dict[str, Any] = {}
+    for s, e, t in edges(gen):
+        move = attrs[s].to(attrs[t])
+        by_event[e] = move if e not in by_event else by_event[e] | move
+    attrs.update(by_event)
+    return type("JobMachine", (StateMachine,), attrs)
+
+
+def transitions_machine(gen: ModuleType, initial: str) -> Any:
+    """The job machine as a pytransitions `Machine` on a plain model object (no
+    auto transitions, terminals marked final); returns the model."""
+    from transitions import Machine
+
+    class Model:
+        pass
+
+    model = Model()
+    states = [{"name": s.value, "final": s in gen.TERMINAL} for s in gen.State]
+    table = [{"trigger": e, "source": s, "dest": t} for s, e, t in edges(gen)]
+    Machine(model=model, states=states, transitions=table, initial=initial, auto_transitions=False)
+    return model
+
+
+def check_faithful(gen: ModuleType, sm_class: type) -> None:
+    """Every engine agrees with the generated table on all (state, event) pairs."""
+    from statemachine.exceptions import TransitionNotAllowed
+    from transitions import MachineError
+
+    states = [s.value for s in gen.State]
+    events = [e.value for e in gen.Event]
+    assert len(states) == 7 and len(events) == 9 and len(gen.TRANSITIONS) == 11
+    assert len(sm_class.states) == 7 and sum(len(s.transitions) for s in sm_class.states) == 11
+    for s in states:
+        for e in events:
+            want = gen.TRANSITIONS.get((s, e))
+            got: list[str | None] = []
+            try:
+                got.append(gen.apply(s, e).value)
+            except gen.IllegalTransition:
+                got.append(None)
+            job = seed.Job(id="j", state=seed.State(s))
+            try:
+                got.append(job.apply(seed.Event(e)).state.value)
+            except seed.IllegalTransition:
+                got.append(None)
+            sm = sm_class(start_value=s)
+            try:
+                sm.send(e)
+                got.append(sm.current_state_value)
+            except TransitionNotAllowed:
+                got.append(None)
+            model = transitions_machine(gen, s)
+            try:
+                model.trigger(e)
+                got.append(model.state)
+            except MachineError:
+                got.append(None)
+            expected = None if want is None else want.value
+            if got != [expected] * 4:
+                raise SystemExit(f"engines disagree on ({s}, {e}): {got}, table says {expected}")
+
+
+# --- sections 1 to 3: the runtime -------------------------------------------------
+
+
+def runtime(gen: ModuleType, rounds: int, batch_s: float) -> None:
+    sm_class = statemachine_class(gen)
+    check_faithful(gen, sm_class)
+
+    events = [gen.Event(e) for e in CYCLE]
+    pairs = []
+    state = gen.INITIAL
+    for e in events:
+        pairs.append((state, e))
+        state = gen.TRANSITIONS[state, e]
+    assert state == gen.INITIAL
+    seed_events = [seed.Event(e) for e in CYCLE]
+    ops = len(CYCLE)
+
+    table = gen.TRANSITIONS
+    plain = dict(gen.TRANSITIONS)
+    apply = gen.apply
+    initial = gen.INITIAL
+    gen_job = gen.Job(uuid.UUID(int=1))
+    seed_job = seed.Job(id="job-1", state=seed.State.QUEUED)
+    sm = sm_class()
+    model = transitions_machine(gen, initial.value)
+    clock = time.perf_counter
+
+    def t_lookup(n: int) -> float:
+        t0 = clock()
+        for _ in range(n):
+            for s, e in pairs:
+                table[s, e]
+        return clock() - t0
+
+    def t_dict(n: int) -> float:
+        t0 = clock()
+        for _ in range(n):
+            for s, e in pairs:
+                plain[s, e]
+        return clock() - t0
+
+    def t_apply(n: int) -> float:
+        t0 = clock()
+        for _ in range(n):
+            for s, e in pairs:
+                apply(s, e)
+        return clock() - t0
+
+    def t_apply_drive(n: int) -> float:
+        t0 = clock()
+        for _ in range(n):
+            s = initial
+            for e in events:
+                s = apply(s, e)
+        return clock() - t0
+
+    def t_gen_job(n: int) -> float:
+        t0 = clock()
+        for _ in range(n):
+            job = gen_job
+            for e in events:
+                job = job.apply(e)
+        return clock() - t0
+
+    def t_seed_job(n: int) -> float:
+        t0 = clock()
+        for _ in range(n):
+            job = seed_job
+            for e in seed_events:
+                job = job.apply(e)
+        return clock() - t0
+
+    def t_statemachine(n: int) -> float:
+        send = sm.send
+        t0 = clock()
+        for _ in range(n):
+            for e in CYCLE:
+                send(e)
+        return clock() - t0
+
+    def t_transitions(n: int) -> float:
+        trigger = model.trigger
+        t0 = clock()
+        for _ in range(n):
+            for e in CYCLE:
+                trigger(e)
+        return clock() - t0
+
+    timers = {
+        "TRANSITIONS[(s, e)] (the module's read-only table)": t_lookup,
+        "dict[(s, e)] (a plain dict of the same table)": t_dict,
+        "apply(s, e)": t_apply,
+        "s = apply(s, e), driving the cycle": t_apply_drive,
+        "generated Job.apply": t_gen_job,
+        "seed's hand-written Job.apply": t_seed_job,
+        "python-statemachine sm.send(e)": t_statemachine,
+        "pytransitions model.trigger(e)": t_transitions,
+    }
+    got = interleaved(timers, ops, rounds, batch_s)
+    assert sm.current_state_value == "queued" and model.state == "queued"
+    k = list(got)
+    lookup, plain_t, ap, drive, gjob, sjob, psm, ptr = (got[name] for name in k)
+
+    print(f"\n[runtime] per transition; the cycle of {ops} events {' '.join(CYCLE)}")
+    print(f"  {rounds} interleaved rounds of ~{batch_s * 1000:.0f} ms batches per engine")
+    for name in k:
+        times_line(name, got[name])
+
+    print("\n1. generated apply() against the bare table lookup (same (s, e) pairs)")
+    verdict("apply / TRANSITIONS[(s, e)]", ratios(ap, lookup), at_most=2)
+    info("apply / plain dict[(s, e)]", ratios(ap, plain_t))
+
+    print("\n2. generated Job.apply against the seed's hand-written Job.apply")
+    verdict("generated Job.apply / seed Job.apply", ratios(gjob, sjob), at_most=1)
+
+    print("\n3. speed-up over python-statemachine and pytransitions (same machine, same events)")
+    verdict("python-statemachine / generated apply", ratios(psm, drive), at_least=100)
+    verdict("python-statemachine / generated Job.apply", ratios(psm, gjob), at_least=100)
+    verdict("pytransitions / generated apply", ratios(ptr, drive), at_least=15)
+    verdict("pytransitions / generated Job.apply", ratios(ptr, gjob), at_least=15)
+    info("python-statemachine / seed Job.apply", ratios(psm, sjob))
+    info("pytransitions / seed Job.apply", ratios(ptr, sjob))
+
+
+# --- section 4: a large build -----------------------------------------------------
+
+
+def large_spec(
+    n_states: int = 2000, n_transitions: int = 20000, n_events: int = 16, seed_value: int = 2000
+) -> str:
+    """A valid spec: every state reachable from the initial one, the terminal
+    reachable from every state, one target per (state, event), no dead end, every
+    event used. State i moves to i + 1 on e00 (the spine that guarantees all of
+    that); the other transitions go to random states on distinct random events."""
+    rng = random.Random(seed_value)
+    states = [f"s{i:04d}" for i in range(n_states)]
+    events = [f"e{i:02d}" for i in range(n_events)]
+    live = n_states - 1  # the last state is the only terminal
+    per_state = [n_transitions // live] * live
+    for i in range(n_transitions - sum(per_state)):
+        per_state[i] += 1
+    assert max(per_state) <= n_events
+    lines = [
+        "# Generated by benchmarks/bench_core.py: a large valid machine for timing builds.",
+        "fsmc: 1",
+        "machine: bench_large",
+        "description: A generated machine with many states, for the build benchmark.",
+        f"initial: {states[0]}",
+        "states:",
+        *(f"  {s}: state number {i} of the generated machine" for i, s in enumerate(states)),
+        f"terminals: [{states[-1]}]",
+        "events:",
+        *(f"  {e}: event number {i}" for i, e in enumerate(events)),
+        "transitions:",
+    ]
+    for i in range(live):
+        lines.append(f"  - {{from: {states[i]}, event: {events[0]}, to: {states[i + 1]}}}")
+        for e in rng.sample(events[1:], per_state[i] - 1):
+            target = states[rng.randrange(n_states)]
+            lines.append(f"  - {{from: {states[i]}, event: {e}, to: {target}}}")
+    return "\n".join(lines) + "\n"
+
+
+def build_in_process(spec: Path, out: Path) -> None:
+    """`fsmc build SPEC --out OUT` through the CLI entry point, in this process."""
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code = cli.main(["build", str(spec), "--out", str(out)])
+    if code != 0:
+        raise SystemExit(f"fsmc build failed ({code}):\n{err.getvalue()}")
+
+
+def in_process_rounds(spec: Path, workdir: Path, rounds: int) -> dict[str, list[float]]:
+    """Seconds of each of four in-process timings, interleaved, `rounds` of each."""
+    text = spec.read_text(encoding="utf-8")
+    outs = iter(range(10**6))
+
+    def t_build() -> float:
+        out = workdir / f"out{next(outs)}"  # a fresh directory: every file is written
+        t0 = time.perf_counter()
+        build_in_process(spec, out)
+        return time.perf_counter() - t0
+
+    def t_compose() -> float:
+        t0 = time.perf_counter()
+        yaml.compose(text, Loader=yaml.CSafeLoader)
+        return time.perf_counter() - t0
+
+    def without_gc(run: Callable[[], float]) -> Callable[[], float]:
+        def timed() -> float:
+            gc.collect()
+            gc.disable()
+            try:
+                return run()
+            finally:
+                gc.enable()
+
+        return timed
+
+    timers = {
+        "fsmc build (in-process, warm)": t_build,
+        "yaml.compose(text, Loader=yaml.CSafeLoader)": t_compose,
+        "fsmc build, gc disabled": without_gc(t_build),
+        "yaml.compose, gc disabled": without_gc(t_compose),
+    }
+    t_build()  # warm: template compilation, schema validators, imports
+    got: dict[str, list[float]] = {name: [] for name in timers}
+    names = list(timers)
+    for r in range(rounds):
+        for name in names[r % 4 :] + names[: r % 4]:
+            got[name].append(timers[name]())
+    return got
+
+
+def large_build(workdir: Path, rounds: int, runs: int, env: dict[str, str]) -> None:
+    text = large_spec()
+    spec = workdir / "bench_large.yaml"
+    spec.write_text(text, encoding="utf-8")
+
+    # The spec must be valid, or the build would stop early and time nothing.
+    checked = subprocess.run(
+        [sys.executable, "-m", "fsmc", "check", "--strict", str(spec)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if checked.returncode != 0 or checked.stderr.strip():
+        raise SystemExit(f"fsmc check rejects the generated spec:\n{checked.stderr[:2000]}")
+    machine = pipeline.check(source.read(str(spec))).machine
+    assert machine is not None
+    assert len(machine.state_names) == 2000 and len(machine.transitions) == 20000
+
+    # The in-process rounds run in a worker process of their own, so their heap (and
+    # so the garbage collector's work) does not depend on which sections ran before.
+    worker = subprocess.run(
+        [sys.executable, __file__, "--in-process-build", str(spec), str(workdir / "inproc"),
+         str(rounds)],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if worker.returncode != 0:
+        raise SystemExit(f"the in-process build worker failed:\n{worker.stderr}")
+    got: dict[str, list[float]] = json.loads(worker.stdout)
+    names = list(got)
+    builds, composes, builds_nogc, composes_nogc = (got[name] for name in names)
+    outs = iter(range(10**6))
+
+    def fresh_out() -> Path:
+        return workdir / f"out{next(outs)}"  # a fresh directory: every file is written
+
+    size = len(text.encode())
+    print(
+        f"\n4. fsmc build of a 2,000-state / 20,000-transition spec ({size / 1024:.0f} KiB), "
+        "against yaml.compose(text, Loader=yaml.CSafeLoader)"
+    )
+    print(
+        f"  in-process: {rounds} interleaved rounds (the CLI's build: pipeline, generation, "
+        "writing to a fresh temp dir)"
+    )
+    for name in names:
+        times_line(name, got[name])
+    verdict("fsmc build / yaml.compose (in-process)", ratios(builds, composes), at_most=2)
+    info("  the same, both with the gc disabled", ratios(builds_nogc, composes_nogc))
+    info(
+        "  yaml.compose: share of its time that is gc",
+        ratios([c - n for c, n in zip(composes, composes_nogc, strict=True)], composes),
+        unit="",
+    )
+
+    compose_cmd = (
+        "import sys, yaml; "
+        "yaml.compose(open(sys.argv[1], encoding='utf-8').read(), Loader=yaml.CSafeLoader)"
+    )
+    commands = {
+        "build": lambda: [
+            sys.executable,
+            "-m",
+            "fsmc",
+            "build",
+            str(spec),
+            "--out",
+            str(fresh_out()),
+        ],
+        "compose": lambda: [sys.executable, "-c", compose_cmd, str(spec)],
+    }
+    walls = alternate(commands, runs, env)
+    print(f"  whole process: {runs} alternating runs each, after a warm-up run")
+    times_line("python -m fsmc build SPEC --out DIR", walls["build"])
+    times_line("python -c 'import yaml; yaml.compose(...)'", walls["compose"])
+    verdict(
+        "fsmc build / yaml.compose (whole process)",
+        ratios(walls["build"], walls["compose"]),
+        at_most=2,
+    )
+
+
+# --- section 5: fsmc check, whole process -----------------------------------------
+
+
+def check_command(runs: int, env: dict[str, str]) -> None:
+    commands = {
+        "check": lambda: [sys.executable, "-m", "fsmc", "check", "specs/job.yaml"],
+        "imports": lambda: [sys.executable, "-c", "import yaml, networkx"],
+    }
+    walls = alternate(commands, runs, env)
+    print(f"\n5. fsmc check specs/job.yaml, whole process, {runs} alternating runs each")
+    times_line("python -m fsmc check specs/job.yaml", walls["check"])
+    times_line('python -c "import yaml, networkx"', walls["imports"])
+    verdict(
+        "fsmc check / import yaml, networkx", ratios(walls["check"], walls["imports"]), at_most=2
+    )
+
+
+def checkout() -> str:
+    """The commit measured, and whether fsmc/ or templates/ differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "fsmc", "templates"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return f"commit {head}" + (" + uncommitted changes to fsmc/ or templates/" if dirty else "")
+
+
+# --- main -------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--only",
+        default="runtime,build,check",
+        help="comma-separated sections: runtime (1-3), build (4), check (5)",
+    )
+    p.add_argument("--quick", action="store_true", help="fewer rounds: a smoke test, not figures")
+    p.add_argument("--in-process-build", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.in_process_build:  # the worker of section 4
+        spec, out, rounds = args.in_process_build
+        print(json.dumps(in_process_rounds(Path(spec), Path(out), int(rounds))))
+        return 0
+    only = set(args.only.split(","))
+    quick = args.quick
+
+    if not getattr(yaml, "__with_libyaml__", False):
+        print("warning: PyYAML has no libyaml here; fsmc and the baseline both run slower")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.pop("PYTHONPROFILEIMPORTTIME", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # set on some dev boxes: then only fsmc,
+    # a source checkout, would be compiled afresh in every process, while its
+    # dependencies load their installed .pyc files
+    print(
+        f"fsmc benchmark: {checkout()}; Python {sys.version.split()[0]}, "
+        f"PyYAML {yaml.__version__}, {os.cpu_count()} CPUs"
+    )
+    print("Ratios are the median of the per-round ratios, [lowest..highest round] after it.")
+
+    with tempfile.TemporaryDirectory(prefix="fsmc-bench-") as tmp:
+        workdir = Path(tmp)
+        # Bytecode of every module, fsmc's and its dependencies', is cached in the
+        # temp dir (not the checkout) by each section's warm-up run.
+        env["PYTHONPYCACHEPREFIX"] = str(workdir / "pycache")
+        if "runtime" in only:
+            gen = build_job_module(workdir)
+            runtime(gen, rounds=5 if quick else 25, batch_s=0.01 if quick else 0.03)
+        if "build" in only:
+            large_build(workdir, rounds=2 if quick else 6, runs=1 if quick else 4, env=env)
+        if "check" in only:
+            check_command(runs=2 if quick else 10, env=env)
+
+    missed = [label for label, ok in RESULTS if not ok]
+    print(
+        f"\n{len(RESULTS) - len(missed)} of {len(RESULTS)} targets met"
+        + (f"; missed: {', '.join(missed)}" if missed else "")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
