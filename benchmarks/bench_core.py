@@ -141,7 +141,7 @@ def fmt_time(seconds: float) -> str:
 
 def times_line(label: str, samples: Sequence[float], per: str = "") -> None:
     print(
-        f"    {label:<44} min {fmt_time(min(samples)):>9}  "
+        f"    {label:<50} min {fmt_time(min(samples)):>9}  "
         f"median {fmt_time(statistics.median(samples)):>9}{per}"
     )
 
@@ -162,13 +162,13 @@ def verdict(
         assert at_least is not None
         ok, target = mid >= at_least, f"target >= {at_least:g}{unit}"
     spread = f"[{min(rs):.3g}..{max(rs):.3g}]"
-    print(f"  {label:<46} {mid:8.3g}{unit} {spread:<17} {target:<15} {'PASS' if ok else 'MISS'}")
+    print(f"  {label:<52} {mid:8.3g}{unit} {spread:<17} {target:<15} {'PASS' if ok else 'MISS'}")
     RESULTS.append((label, ok))
 
 
 def info(label: str, rs: Sequence[float], unit: str = "x") -> None:
     spread = f"[{min(rs):.3g}..{max(rs):.3g}]"
-    print(f"  {label:<46} {statistics.median(rs):8.3g}{unit} {spread:<17} (info)")
+    print(f"  {label:<52} {statistics.median(rs):8.3g}{unit} {spread:<17} (info)")
 
 
 # --- the generated module ---------------------------------------------------------
@@ -357,8 +357,8 @@ def runtime(gen: ModuleType, rounds: int, batch_s: float) -> None:
         return clock() - t0
 
     timers = {
-        "TRANSITIONS[(s, e)] (the module's read-only table)": t_lookup,
-        "dict[(s, e)] (a plain dict of the same table)": t_dict,
+        "TRANSITIONS[(s, e)] (the read-only table)": t_lookup,
+        "dict[(s, e)] (a plain dict of the table)": t_dict,
         "apply(s, e)": t_apply,
         "s = apply(s, e), driving the cycle": t_apply_drive,
         "generated Job.apply": t_gen_job,
