@@ -171,6 +171,15 @@ def load(data: bytes, file: str, path: str | None = None) -> tuple[Document | No
             else:
                 problem = f"{exc.problem} ({exc.context})"
         return None, [*composer.diagnostics, Diagnostic(file, line, col, "yaml-syntax", problem)]
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow
+        # libyaml counts the offset in UTF-8 bytes (and gives the character as an
+        # int), PyYAML's own reader in characters.
+        c = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        at = exc.position if isinstance(exc.character, int) else len(text[: exc.position].encode())
+        line, col = _position_in_bytes(text.encode(), at)
+        message = (f"character U+{c:04X} is not allowed in YAML text; "
+                   "write it as an escape in a double-quoted string")
+        return None, [*composer.diagnostics, Diagnostic(file, line, col, "yaml-syntax", message)]
     except yaml.YAMLError as exc:
         return None, [*composer.diagnostics, Diagnostic(file, 1, 1, "yaml-syntax", str(exc))]
     digest = hashlib.sha256(data).hexdigest()
