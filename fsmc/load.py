@@ -105,6 +105,8 @@ def resolve_plain(value: str) -> Any:
     if value[0] not in _NUMBER_START:
         return value
     if _INT10.fullmatch(value):
+        if len(value) > 4000:  # past Python's 4,300-digit limit, int() would raise
+            return float(value)
         return int(value, 10)
     if _INT8.fullmatch(value):
         return int(value[2:], 8)

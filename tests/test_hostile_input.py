@@ -191,6 +191,7 @@ HOSTILE: dict[str, tuple[bytes, int, str | None]] = {
     "unclosed flow": (b"states: [a, b\n", 1, "yaml-syntax"),
     "unclosed quote": (b'machine: "job\n', 1, "yaml-syntax"),
     "tab indentation": (JOB.replace("  queued:", "\tqueued:").encode(), 1, "yaml-syntax"),
+    "huge integer": (JOB.replace("fsmc: 1", "fsmc: " + "9" * 5000).encode(), 1, "schema"),
     "float version": (JOB.replace("fsmc: 1", "fsmc: 1.0").encode(), 1, "schema"),
     "boolean name": (JOB.replace("initial: queued", "initial: true").encode(), 1, "schema"),
     "integer key": (JOB.replace("  queued: accepted", "  1: one\n  queued: accepted").encode(),
