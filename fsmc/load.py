@@ -139,7 +139,8 @@ def load(data: bytes, file: str, path: str | None = None) -> tuple[Document | No
         return None, [
             Diagnostic(
                 file, 1, 1, "limit",
-                f"the file is {_size(len(data))}; fsmc reads specs of at most {_size(MAX_BYTES)}",
+                # Only MAX_BYTES + 1 bytes were read, so the real size is unknown.
+                f"the file is larger than {_size(MAX_BYTES)}, the most fsmc reads in a spec",
             )
         ]  # fmt: skip
     try:

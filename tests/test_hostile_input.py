@@ -349,6 +349,17 @@ def test_endless_devices_are_refused_after_the_size_limit(device: str) -> None:
     assert ran.code == 1 and codes(found) == {"limit"}, ran
 
 
+def test_the_size_limit_says_which_limit_and_not_a_wrong_size(tmp_path: Path) -> None:
+    spec = tmp_path / "big.yaml"
+    spec.write_bytes(JOB.encode() + b"#" * (20 * 2**20))
+    ran = run_fsmc("check", spec)
+    (found,) = assert_well_behaved(ran)
+    assert found["code"] == "limit" and (found["line"], found["col"]) == ("1", "1"), ran
+    assert "4.0 MiB" in found["message"]
+    # fsmc reads at most MAX_BYTES + 1 bytes, so it cannot know a size past that:
+    # the message must not claim the 20 MB file "is 4.0 MiB".
+    assert "is 4.0 MiB" not in found["message"], ran
+
 
 def test_io_trouble_is_exit_2_with_one_clear_line(tmp_path: Path) -> None:
     (tmp_path / "dir.yaml").mkdir()
