@@ -63,7 +63,7 @@ def _read_file(arg: str) -> bytes:
 def _read_git(rev: str, path: str, arg: str) -> bytes:
     try:
         done = subprocess.run(
-            ["git", "show", f"{rev}:{path}"],
+            ["git", "show", "--end-of-options", f"{rev}:{path}"],  # a rev is never an option
             capture_output=True,
             check=False,
             stdin=subprocess.DEVNULL,

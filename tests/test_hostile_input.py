@@ -420,6 +420,14 @@ def test_a_spec_that_disappears_or_changes_mid_run(tmp_path: Path) -> None:
     assert {1, 2} <= seen, seen  # both a truncated spec and a vanished one were met
 
 
+def test_a_rev_cannot_smuggle_options_into_git(tmp_path: Path) -> None:
+    target = tmp_path / "written-by-git"
+    for argv in (("check", "--", f"--output={target}:x"), ("build", "--", f"--output={target}:x")):
+        ran = run_fsmc(*argv)
+        assert_well_behaved(ran)
+        assert ran.code == 2, ran
+    assert not any(p.name.startswith("written-by-git") for p in tmp_path.iterdir())
+
 
 def test_the_real_entry_point_never_prints_a_traceback(tmp_path: Path) -> None:
     files = {name: data for name, (data, _, _) in HOSTILE.items() if len(data) < 2**20}
