@@ -58,7 +58,8 @@ class Diagnostic:
         return self.severity == "error"
 
     def as_text(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}: {self.severity}: {self.message} [{self.code}]"
+        file, message = _printable(self.file), _printable(self.message)
+        return f"{file}:{self.line}:{self.col}: {self.severity}: {message} [{self.code}]"
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -79,8 +80,17 @@ class Diagnostic:
         level = "error" if self.is_error else "warning"
         return (
             f"::{level} file={prop(self.file)},line={self.line},col={self.col},"
-            f"title={prop(self.code)}::{_escape_data(self.message)}"
+            f"title={prop(self.code)}::{_escape_data(_printable(self.message))}"
         )
+
+
+def _printable(text: str) -> str:
+    """`text` with each non-printable character (a line break, ESC) as its escape:
+    spec text quoted in a message (a name with a newline) must keep one diagnostic
+    on one line, and must not drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def _escape_data(value: str) -> str:

@@ -177,6 +177,10 @@ HOSTILE: dict[str, tuple[bytes, int, str | None]] = {
     ),
     "control character": (JOB.replace("initial: queued", "initial: que\x1bued").encode(), 1,
                           "yaml-syntax"),
+    "a name with a line break and ESC": (
+        JOB.replace("  queued: accepted", '  "que\\nued\\e[2J": x\n  queued: accepted').encode(),
+        1, "bad-name",
+    ),
     "empty": (b"", 1, "schema"),
     "whitespace only": (b"  \n\t\n\n", 1, None),
     "comment only": (b"# nothing here\n", 1, "schema"),
