@@ -222,7 +222,8 @@ def trap(m: Machine, g: Any) -> Iterator[Diagnostic]:
 
     # Everything that can reach a terminal: one reverse search from all terminals.
     reverse = g.reverse(copy=False)
-    escapes = set(nx.multi_source_dijkstra_path_length(reverse, set(m.terminal_names)))
+    terminals = set(m.terminal_names)  # networkx refuses an empty set of sources
+    escapes = set(nx.multi_source_dijkstra_path_length(reverse, terminals)) if terminals else set()
     sources = {s for s, _, _ in m.edges}
     for d in _first_declarations(m):
         # A state with no way out at all is a dead-end; saying "trap" too adds nothing.

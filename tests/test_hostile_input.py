@@ -181,6 +181,7 @@ HOSTILE: dict[str, tuple[bytes, int, str | None]] = {
         JOB.replace("  queued: accepted", '  "que\\nued\\e[2J": x\n  queued: accepted').encode(),
         1, "bad-name",
     ),
+    "no terminals": (JOB.replace("[completed, abandoned]", "[]").encode(), 1, "dead-end"),
     "empty": (b"", 1, "schema"),
     "whitespace only": (b"  \n\t\n\n", 1, None),
     "comment only": (b"# nothing here\n", 1, "schema"),
