@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from fsmc.diff import Changes, Edge, Names
 from fsmc.escape import md_text, py_str
-from fsmc.targets.mermaid import state_id
+from fsmc.targets.mermaid import state_ids
 from fsmc.templating import render as render_template
 
 FORMATS = ("text", "markdown", "json")
@@ -217,25 +217,30 @@ def diagram(changes: Changes) -> str:
     removed_states = [n.name for n in c.states.removed]
     added = {(e.source, e.event) for e in c.added}
     was = {(r.source, r.event): r.old_target for r in c.retargeted}
-    edges: list[tuple[str, str, str]] = []
+    labelled: list[tuple[str, str, str]] = []
     for s, e, t in new.edges:
         label = e
         if (s, e) in added:
             label = f"{e} (added)"
         elif (s, e) in was:
             label = f"{e} (retargeted, was {was[s, e]})"
-        edges.append((state_id(s), label, state_id(t)))
-    edges += [(state_id(e.source), f"{e.event} (removed)", state_id(e.target)) for e in c.removed]
-    drawn = {s for s, _, _ in edges} | {t for _, _, t in edges}
+        labelled.append((s, label, t))
+    labelled += [(e.source, f"{e.event} (removed)", e.target) for e in c.removed]
+    # Lines end in state names, in unchanged edges' event names, or in `)`.
+    ids = state_ids(
+        (*new.states, *removed_states),
+        (*(e for _, e, _ in new.edges), *(e.event for e in c.removed)),
+    )
+    drawn = {s for s, _, _ in labelled} | {t for _, _, t in labelled}
     body = render_template(
         "diagram.mmd.j2",
-        aliases=[(state_id(s), s) for s in new.states + tuple(removed_states) if state_id(s) != s],
+        aliases=[(i, s) for s, i in ids.items() if i != s],
         # A removed state whose only edge in was retargeted has no edge left to show
         # it; declare it, so its `class` line marks a state that is drawn.
-        lone=[state_id(s) for s in removed_states if state_id(s) not in drawn],
-        initial=state_id(new.initial),
-        transitions=edges,
-        terminals=[state_id(s) for s in new.terminals],
+        lone=[s for s in removed_states if s not in drawn and ids[s] == s],
+        initial=ids[new.initial],
+        transitions=[(ids[s], label, ids[t]) for s, label, t in labelled],
+        terminals=[ids[s] for s in new.terminals],
     )
     added_states = [n.name for n in c.states.added]
     # A state whose role changed: it became or stopped being terminal, or is the new
@@ -247,7 +252,7 @@ def diagram(changes: Changes) -> str:
         (s, "changed") for s in dict.fromkeys(role) if s in new.states and s not in added_states
     ]
     lines = [f"    classDef {name} {style}" for name, style in _CLASSES]
-    lines += [f"    class {state_id(s)} {cls}" for s, cls in marks]
+    lines += [f"    class {ids[s]} {cls}" for s, cls in marks]
     return body + "\n".join(lines) + "\n"
 
 

@@ -338,3 +338,32 @@ def test_colour_on_a_tty_unless_no_color() -> None:
     code, out = _on_a_tty(args, {**env, "NO_COLOR": "1"})
     assert code == 1 and "\x1b" not in out
     assert out.replace("\r\n", "\n") == plain
+
+
+# --- real Mermaid -------------------------------------------------------------------
+
+
+def test_the_markdown_diagram_parses_in_real_mermaid_and_draws_the_changes() -> None:
+    from tests.mermaid_check import mermaid_blocks, parse_all
+
+    cases = [case for case in sorted(FACTS) if FACTS[case][0] == 1]
+    blocks = [mermaid_blocks((CASES / case / "expected.md").read_text()) for case in cases]
+    assert all(len(b) == 1 for b in blocks), "one diagram per diff with changes"
+    for case, result in zip(cases, parse_all([b[0] for b in blocks]), strict=True):
+        assert result.is_state_diagram, (case, result.error)
+        c = changes_of(case)
+        removed_states = [n.name for n in c.states.removed]
+        assert sorted(result.state_labels) == sorted([*c.new.states, *removed_states]), case
+        added = {(e.source, e.event) for e in c.added}
+        was = {(r.source, r.event): r.old_target for r in c.retargeted}
+        expected = {("[*]", c.new.initial, "")} | {(s, "[*]", "") for s in c.new.terminals}
+        for s, e, t in c.new.edges:
+            if (s, e) in added:
+                expected.add((s, t, f"{e} (added)"))
+            elif (s, e) in was:
+                expected.add((s, t, f"{e} (retargeted, was {was[s, e]})"))
+            else:
+                expected.add((s, t, e))
+        expected |= {(e.source, e.target, f"{e.event} (removed)") for e in c.removed}
+        assert set(result.edges) == expected, case
+        assert len(result.edges) == len(expected), case
