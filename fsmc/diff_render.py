@@ -23,8 +23,6 @@ from fsmc.escape import md_text, py_str
 from fsmc.targets.mermaid import state_ids
 from fsmc.templating import render as render_template
 
-FORMATS = ("text", "markdown", "json")
-
 
 def render(changes: Changes, fmt: str, *, color: bool = False) -> str:
     if fmt == "json":
@@ -67,7 +65,7 @@ def rows(changes: Changes) -> list[Row]:
             "retargeted",
             _arrow(r.source, r.event, r.new_target),
             f"was {r.old_target}",
-            True,
+            r.breaking,
         )
         for r in c.retargeted
     ]
@@ -90,13 +88,12 @@ def _arrow(source: str, event: str, target: str) -> str:
     return f"{source} --{event}--> {target}"
 
 
-def summary(changes: Changes) -> str:
-    """`machine job: 3 changes, 1 breaking`, or `machine job: no changes`."""
+def counts(changes: Changes) -> str:
+    """`3 changes, 1 breaking`, or `no changes`."""
     n = changes.count
     if n == 0:
-        return f"machine {changes.machine}: no changes"
-    plural = "change" if n == 1 else "changes"
-    return f"machine {changes.machine}: {n} {plural}, {changes.breaking_count} breaking"
+        return "no changes"
+    return f"{n} {'change' if n == 1 else 'changes'}, {changes.breaking_count} breaking"
 
 
 def description_rows(changes: Changes) -> list[tuple[str, str, str | None, str | None]]:
@@ -120,7 +117,7 @@ def as_text(changes: Changes, *, color: bool = False) -> str:
     def paint(code: str, text: str) -> str:
         return f"{code}{text}{_RESET}" if color else text
 
-    lines = [paint(_BOLD, summary(changes))]
+    lines = [paint(_BOLD, f"machine {changes.machine}: {counts(changes)}")]
     table = rows(changes)
     kind_width = max((len(r.kind) for r in table), default=0)
     body = [f"{r.subject} ({r.note})" if r.note else r.subject for r in table]
@@ -151,7 +148,7 @@ def _quoted(text: str | None) -> str:
 
 
 def as_markdown(changes: Changes) -> str:
-    out = [f"**{_md_summary(changes)}**", ""]
+    out = [f"**Machine `{changes.machine}`: {counts(changes)}.**", ""]
     table = rows(changes)
     if table:
         out += ["| change | what | impact |", "| --- | --- | --- |"]
@@ -185,11 +182,6 @@ def as_markdown(changes: Changes) -> str:
             "",
         ]
     return "\n".join(out).rstrip("\n") + "\n"
-
-
-def _md_summary(changes: Changes) -> str:
-    text = summary(changes).replace(f"machine {changes.machine}", f"Machine `{changes.machine}`")
-    return text + "."
 
 
 def _md_desc(text: str | None) -> str:
