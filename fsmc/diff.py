@@ -19,7 +19,8 @@ already had terminal are breaking; additions, and a terminal that stops being on
 (it only gains transitions), are compatible.
 
 Order is deterministic: added and retargeted items in NEW's spec order, removed
-items in OLD's spec order.
+items in OLD's spec order. `Changes.same` (no change, whatever the descriptions say)
+is what makes `fsmc diff` exit 0, as diff(1) does for equal files.
 """
 
 from __future__ import annotations
