@@ -176,7 +176,23 @@ class Job:
 
     def apply(self, event: Event | str) -> Job:
         """This job after `event`, at version + 1; `self` is left unchanged."""
-        return Job(self.id, apply(self.state, event), self.version + 1)
+        try:
+            state = _TABLE[self.state, event]
+        except KeyError:
+            state = apply(self.state, event)  # raises IllegalTransition or ValueError
+        new = object.__new__(Job)
+        _SET_ID(new, self.id)
+        _SET_STATE(new, state)
+        _SET_VERSION(new, self.version + 1)
+        return new
+
+
+# apply() fills the new instance through the slots' own setters: a frozen
+# dataclass's __init__ goes through object.__setattr__ once per field, which
+# would be most of apply's cost. Assigning a field still raises FrozenInstanceError.
+_SET_ID: typing.Final = Job.__dict__["id"].__set__
+_SET_STATE: typing.Final = Job.__dict__["state"].__set__
+_SET_VERSION: typing.Final = Job.__dict__["version"].__set__
 
 
 class Connection(typing.Protocol):

@@ -149,7 +149,23 @@ class Runner:
 
     def apply(self, event: Event | str) -> Runner:
         """This runner after `event`, at version + 1; `self` is left unchanged."""
-        return Runner(self.id, apply(self.state, event), self.version + 1)
+        try:
+            state = _TABLE[self.state, event]
+        except KeyError:
+            state = apply(self.state, event)  # raises IllegalTransition or ValueError
+        new = object.__new__(Runner)
+        _SET_ID(new, self.id)
+        _SET_STATE(new, state)
+        _SET_VERSION(new, self.version + 1)
+        return new
+
+
+# apply() fills the new instance through the slots' own setters: a frozen
+# dataclass's __init__ goes through object.__setattr__ once per field, which
+# would be most of apply's cost. Assigning a field still raises FrozenInstanceError.
+_SET_ID: typing.Final = Runner.__dict__["id"].__set__
+_SET_STATE: typing.Final = Runner.__dict__["state"].__set__
+_SET_VERSION: typing.Final = Runner.__dict__["version"].__set__
 
 
 class Connection(typing.Protocol):

@@ -166,7 +166,23 @@ class Task:
 
     def apply(self, event: Event | str) -> Task:
         """This task after `event`, at version + 1; `self` is left unchanged."""
-        return Task(self.id, apply(self.state, event), self.version + 1)
+        try:
+            state = _TABLE[self.state, event]
+        except KeyError:
+            state = apply(self.state, event)  # raises IllegalTransition or ValueError
+        new = object.__new__(Task)
+        _SET_ID(new, self.id)
+        _SET_STATE(new, state)
+        _SET_VERSION(new, self.version + 1)
+        return new
+
+
+# apply() fills the new instance through the slots' own setters: a frozen
+# dataclass's __init__ goes through object.__setattr__ once per field, which
+# would be most of apply's cost. Assigning a field still raises FrozenInstanceError.
+_SET_ID: typing.Final = Task.__dict__["id"].__set__
+_SET_STATE: typing.Final = Task.__dict__["state"].__set__
+_SET_VERSION: typing.Final = Task.__dict__["version"].__set__
 
 
 class Connection(typing.Protocol):
