@@ -9,6 +9,7 @@ the transition that breaks the rule, or (for rules about a state) its declaratio
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import keyword
 import re
@@ -24,7 +25,11 @@ NAME_MAX = 48
 TABLE = re.compile(r"[a-z_][a-z0-9_]*")
 TABLE_MAX = 63
 # CamelCase forms the generated module already defines.
-RESERVED_CAMEL = {"State": "state", "Event": "event", "IllegalTransition": "illegal_transition"}
+RESERVED_CAMEL = {"State": "state", "Event": "event", "IllegalTransition": "illegal_transition",
+                  "Connection": "connection"}  # fmt: skip
+# Built-ins a class of that name would shadow in the module, which catches KeyError,
+# raises ValueError and subclasses Exception (`machine: key_error` broke apply()).
+BUILTIN_CAMEL = frozenset(n for n in dir(builtins) if n[:1].isupper())
 
 Rule = Callable[[Machine], Iterator[Diagnostic]]
 GraphRule = Callable[[Machine, Any], Iterator[Diagnostic]]
@@ -62,6 +67,12 @@ def bad_name(m: Machine) -> Iterator[Diagnostic]:
             m, name, "bad-name",
             f"machine name '{name}' cannot be used: its class name '{camel(name)}' "
             f"collides with the generated module's own {camel(name)}",
+        )  # fmt: skip
+    elif camel(name) in BUILTIN_CAMEL:
+        yield _at(
+            m, name, "bad-name",
+            f"machine name '{name}' cannot be used: its class name '{camel(name)}' "
+            f"would shadow Python's built-in {camel(name)} in the generated module",
         )  # fmt: skip
     for kind, decls in (("state", m.states), ("event", m.events)):
         for d in decls:

@@ -9,16 +9,20 @@ CLI's own `fsmc: ...` lines, and never a traceback or an internal error.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import io
 import json
+import os
 import re
+import subprocess
 import sys
 import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fsmc.cli import main
 from fsmc.diagnostics import CODES
@@ -99,3 +103,188 @@ def import_file(path: Path, name: str) -> types.ModuleType:
     finally:
         del sys.modules[name]
     return module
+
+
+# --- what a build wrote, judged target by target ---------------------------------------
+
+
+def spec_table(spec: dict[str, Any]) -> dict[tuple[str, str], str]:
+    out = {}
+    for t in spec["transitions"]:
+        for source in t["from"] if isinstance(t["from"], list) else [t["from"]]:
+            out[source, t["event"]] = t["to"]
+    return out
+
+
+def assert_module_is_the_spec(module: types.ModuleType, spec: dict[str, Any]) -> None:
+    """Enums, initial, terminals and table equal the spec's, and `apply` answers
+    every (state, event) pair as the table says."""
+    states, events = list(spec["states"]), list(spec["events"])
+    table = spec_table(spec)
+    assert [(s.name, s.value) for s in module.State] == [(s.upper(), s) for s in states]
+    assert [(e.name, e.value) for e in module.Event] == [(e.upper(), e) for e in events]
+    assert module.INITIAL == spec["initial"]
+    assert set(module.TERMINAL) == set(spec["terminals"])
+    assert {(s.value, e.value): t.value for (s, e), t in module.TRANSITIONS.items()} == table
+    for s in states:
+        for e in events:
+            if (s, e) in table:
+                assert module.apply(s, e) is module.State(table[s, e])
+            else:
+                try:
+                    module.apply(s, e)
+                except module.IllegalTransition as error:
+                    assert (error.state, error.event) == (s, e)
+                else:
+                    raise AssertionError(f"apply({s!r}, {e!r}) did not raise")
+
+
+def code_shape(source: str) -> str:
+    """The module's AST without docstrings: what the code means, not what it says."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [
+                stmt for stmt in body
+                if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+                        and isinstance(stmt.value.value, str))
+            ] or [ast.Pass()]  # fmt: skip
+    return ast.dump(tree)
+
+
+def without_comment_lines(text: str, prefix: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.lstrip().startswith(prefix)]
+
+
+def one_line(text: str | None) -> str:
+    """How a description shows on one line of a README or comment: non-printable
+    characters are spaces, and runs of white space one space."""
+    if not text:
+        return ""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+@dataclass
+class Markdown:
+    headings: list[str]
+    tables: list[list[list[str]]]  # table -> rows (header first) -> cell texts
+    html: list[str]
+    fences: list[tuple[str, str]]  # (info, content)
+
+
+def render_markdown(text: str) -> Markdown:
+    """What a CommonMark + GFM-tables renderer makes of `text`."""
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    out = Markdown([], [], [], [])
+    row: list[str] | None = None
+    for i, tok in enumerate(tokens):
+        if tok.type == "heading_open":
+            out.headings.append(_inline_text(tokens[i + 1]))
+        elif tok.type == "table_open":
+            out.tables.append([])
+        elif tok.type == "tr_open":
+            row = []
+            out.tables[-1].append(row)
+        elif tok.type == "inline" and row is not None and tokens[i - 1].type in ("th_open",
+                                                                                   "td_open"):
+            row.append(_inline_text(tok))
+        elif tok.type == "tr_close":
+            row = None
+        elif tok.type == "html_block":
+            out.html.append(tok.content)
+        elif tok.type == "fence":
+            out.fences.append((tok.info, tok.content))
+        if tok.type == "inline":
+            out.html += [c.content for c in tok.children or [] if c.type == "html_inline"]
+    return out
+
+
+def _inline_text(tok: Any) -> str:
+    parts = []
+    for child in tok.children or []:
+        if child.type in ("text", "code_inline", "html_inline"):
+            parts.append(child.content)
+        elif child.type in ("softbreak", "hardbreak"):
+            parts.append("\n")
+    return "".join(parts)
+
+
+def expected_readme_tables(spec: dict[str, Any]) -> list[list[list[str]]]:
+    """The README's states, events and transitions tables, as a reader sees them."""
+    def described(decls: Any) -> list[tuple[str, str]]:
+        if isinstance(decls, dict):
+            return [(name, one_line(text)) for name, text in decls.items()]
+        return [(name, "") for name in decls]
+
+    lease = spec.get("lease", {}).get("states", [])
+    states = [["state", "", "description"]]
+    for name, text in described(spec["states"]):
+        notes = [note for note, holds in (("initial", name == spec["initial"]),
+                                          ("terminal", name in spec["terminals"]),
+                                          ("lease", name in lease)) if holds]  # fmt: skip
+        states.append([name, ", ".join(notes), text])
+    events = [["event", "description"]] + [[n, t] for n, t in described(spec["events"])]
+    transitions = [["from", "event", "to", "description"]]
+    for t in spec["transitions"]:
+        for source in t["from"] if isinstance(t["from"], list) else [t["from"]]:
+            transitions.append([source, t["event"], t["to"], one_line(t.get("description"))])
+    return [states, events, transitions]
+
+
+# --- PostgreSQL -------------------------------------------------------------------------
+
+CATALOG = {
+    "relations": """
+        SELECT c.relkind::text, c.relname FROM pg_class c
+        WHERE c.relnamespace = %(ns)s::regnamespace ORDER BY 1, 2""",
+    "columns": """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE c.relnamespace = %(ns)s::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY 1, 2""",
+    "constraints": """
+        SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
+        WHERE connamespace = %(ns)s::regnamespace ORDER BY 1, 2""",
+    "indexes": """
+        SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(ns)s ORDER BY 1""",
+    "functions": """
+        SELECT proname, pg_get_function_identity_arguments(oid), pg_get_functiondef(oid)
+        FROM pg_proc WHERE pronamespace = %(ns)s::regnamespace ORDER BY 1, 2""",
+    "triggers": """
+        SELECT tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t
+        JOIN pg_class c ON c.oid = t.tgrelid
+        WHERE c.relnamespace = %(ns)s::regnamespace AND NOT t.tgisinternal ORDER BY 1""",
+    "types": """
+        SELECT typname FROM pg_type WHERE typnamespace = %(ns)s::regnamespace
+        AND typtype <> 'b' AND typrelid = 0 ORDER BY 1""",
+    "comments": """
+        SELECT objoid::regclass::text, description FROM pg_description d
+        JOIN pg_class c ON c.oid = d.objoid WHERE c.relnamespace = %(ns)s::regnamespace
+        ORDER BY 1, 2""",
+}
+
+
+def catalog(conn: Any, schema: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every object a schema holds, with its definition, the schema's name blanked."""
+    out = {}
+    for kind, query in CATALOG.items():
+        rows = conn.execute(query, {"ns": schema}).fetchall()
+        out[kind] = [
+            tuple(v.replace(schema + ".", "S.") if isinstance(v, str) else v for v in row)
+            for row in rows
+        ]
+    return out
+
+
+def load_sql(dsn: str, path: Path, schema: str) -> subprocess.CompletedProcess[str]:
+    """`psql -v ON_ERROR_STOP=1 -1 -f FILE` into `schema`, as the contract says to."""
+    env = {**os.environ, "PGOPTIONS": f"-c search_path={schema}"}
+    return subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1", "-f", str(path), dsn],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
