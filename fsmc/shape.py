@@ -148,8 +148,9 @@ def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | Non
             doc, position_of(doc.root, parts),
             f"{where}: {describe_value(error.instance)} is not one of {options}",
         )  # fmt: skip
-    if kind == "minItems":
-        return _diag(doc, position_of(doc.root, parts), f"{where}: the list must not be empty")
+    if kind in ("minItems", "minProperties"):
+        what = "list" if kind == "minItems" else "mapping"
+        return _diag(doc, position_of(doc.root, parts), f"{where}: the {what} must not be empty")
     return _diag(doc, position_of(doc.root, parts), f"{where}: {error.message}")
 
 

@@ -85,9 +85,7 @@ def machines(draw: st.DrawFn, *, descriptions: bool = True) -> dict[str, Any]:
     text = description() if descriptions else st.none()
     names = draw(st.lists(NAMES, min_size=1, max_size=8, unique=True))
     n = len(names)
-    event_names = draw(
-        st.lists(NAMES, min_size=0 if n == 1 else 1, max_size=6, unique=True)
-    )
+    event_names = draw(st.lists(NAMES, min_size=1, max_size=6, unique=True))
     if n == 1:
         terminal_flags = [True]  # a single state is the initial one, and terminal
     else:

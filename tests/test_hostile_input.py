@@ -182,6 +182,8 @@ HOSTILE: dict[str, tuple[bytes, int, str | None]] = {
         1, "bad-name",
     ),
     "no terminals": (JOB.replace("[completed, abandoned]", "[]").encode(), 1, "dead-end"),
+    "no events": (b"fsmc: 1\nmachine: m\ninitial: a\nstates: [a]\nterminals: [a]\n"
+                  b"events: {}\ntransitions: []\n", 1, "schema"),
     "empty": (b"", 1, "schema"),
     "whitespace only": (b"  \n\t\n\n", 1, None),
     "comment only": (b"# nothing here\n", 1, "schema"),
