@@ -274,10 +274,9 @@ def catalog(conn: Any, schema: str) -> dict[str, list[tuple[object, ...]]]:
     out = {}
     for kind, query in CATALOG.items():
         rows = conn.execute(query, {"ns": schema}).fetchall()
-        out[kind] = [
-            tuple(v.replace(schema + ".", "S.") if isinstance(v, str) else v for v in row)
-            for row in rows
-        ]
+        blank = re.compile(rf"\b{re.escape(schema)}\b")
+        out[kind] = [tuple(blank.sub("S", v) if isinstance(v, str) else v for v in row)
+                     for row in rows]  # fmt: skip
     return out
 
 
