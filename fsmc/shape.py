@@ -18,6 +18,7 @@ from typing import Any
 from fsmc.diagnostics import Diagnostic
 from fsmc.load import Document, Mapping, describe_value, format_path, key_position, position_of
 
+MAX_ERRORS = 1000
 _NUL_FREE = "^[^\\u0000]*$"
 
 
@@ -71,6 +72,16 @@ def check_shape(doc: Document) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for error in _validator().iter_errors(doc.root):
         out.extend(_from_error(doc, error))
+        if len(out) >= MAX_ERRORS:
+            # jsonschema explains ~30,000 errors a second: a 4 MiB spec of errors
+            # took half a minute and printed 50 MB. Stop, and say so.
+            last = out[-1]
+            out.append(Diagnostic(
+                doc.file, last.line, last.col, "limit",
+                f"fsmc reports at most {MAX_ERRORS:,} schema errors in a spec; "
+                "it stopped looking here",
+            ))  # fmt: skip
+            break
     return out
 
 

@@ -74,6 +74,21 @@ def test_many_misspelt_names_among_many_states_end_within_seconds(tmp_path: Path
     assert seconds < 15 and peak < 600 * MiB, (seconds, peak / MiB)
 
 
+def test_a_4_mib_file_of_schema_errors_ends_within_seconds(tmp_path: Path) -> None:
+    head = "fsmc: 1\nmachine: job\ninitial: a\nstates: [a]\nterminals: [a]\nevents: [e]\n"
+    row = "- {from: 1, event: 2, to: 3}\n"
+    # 140,000 rows of 7 nodes each stay under the 1,000,000-node limit.
+    text = head + "transitions:\n" + row * 140_000
+    assert 3.5 * MiB < len(text) <= MAX_BYTES
+    (tmp_path / "errors.yaml").write_text(text)
+    code, err, seconds, peak = run_measured("check", "errors.yaml", cwd=tmp_path)
+    assert code == 1, err[-2000:]
+    lines = err.splitlines()
+    (limit,) = [line for line in lines if line.endswith("[limit]")]
+    assert "at most 1,000 schema errors" in limit, limit
+    assert len(lines) <= 1001
+    assert seconds < 15 and peak < 768 * MiB, (seconds, peak / MiB)
+
 
 def test_input_past_each_limit_is_refused_naming_the_limit(tmp_path: Path) -> None:
     cases = {
