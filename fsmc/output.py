@@ -2,13 +2,13 @@
 
 Atomic means a build killed at any instant (SIGKILL included) leaves every file
 either its old bytes or its new bytes, and no temporary file inside the output
-directory. Each file's new bytes are written to an unnamed file (Linux
-O_TMPFILE) in the output directory's parent, so nothing with a name exists while
-the bytes are written; it is then linked under a hidden name there and renamed
-over the target, one atomic step. Only between the link and the rename (a few
-microseconds) does a temporary name exist, and it is outside the output
-directory. Where O_TMPFILE is missing, a named temporary file in the same parent
-is used instead.
+directory. Each file's new bytes are staged outside it (`staging_dir`: the system
+temp directory when it shares the output's filesystem, else the output's parent),
+then renamed over the target in one atomic step. Where Linux allows it, the bytes
+are written to an unnamed O_TMPFILE first, so a name exists only for the
+microseconds between link and rename; elsewhere (some sandboxes refuse the link)
+a named `.fsmc-<pid>-*.tmp` file is used, and the next build sweeps away any such
+file whose process is gone.
 
 A file we generated carries `MARKER` in its first lines; only such files are
 ever called orphans or removed, so a user's own notes in an output folder are
@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import errno
 import os
+import re
 import secrets
 import tempfile
 from dataclasses import dataclass
@@ -111,7 +112,9 @@ def compare(out: Path, files: dict[str, str]) -> Stale:
 def write(out: Path, files: dict[str, str]) -> list[str]:
     """Write every file whose bytes differ, remove orphans; return what changed."""
     written = []
-    staging = out.resolve().parent
+    out.mkdir(parents=True, exist_ok=True)
+    staging = staging_dir(out)
+    sweep_stale(staging)
     for rel in sorted(files):
         path = out / rel
         data = files[rel].encode("utf-8")
@@ -127,6 +130,52 @@ def write(out: Path, files: dict[str, str]) -> list[str]:
         (out / rel).unlink()
         written.append(rel)
     return written
+
+
+def staging_dir(out: Path) -> Path:
+    """Where new bytes wait for their rename: never inside `out`.
+
+    The system temp directory when it is on the same filesystem as `out` (a rename
+    cannot cross filesystems), so that a build killed mid-write leaves its partial
+    bytes where temporary files belong; else the parent of `out`.
+    """
+    target = out.resolve()
+    temp = Path(tempfile.gettempdir())
+    try:
+        if temp.stat().st_dev == target.stat().st_dev and os.access(temp, os.W_OK):
+            return temp
+    except OSError:
+        pass
+    return target.parent
+
+
+_STAGED = re.compile(r"\.fsmc-(\d+)-[^/]*\.tmp")
+
+
+def sweep_stale(staging: Path) -> None:
+    """Remove staged files of fsmc processes that were killed before their rename."""
+    try:
+        names = os.listdir(staging)
+    except OSError:
+        return
+    for name in names:
+        found = _STAGED.fullmatch(name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        try:
+            os.unlink(staging / name)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, and belongs to someone else
+    return True
 
 
 def replace_atomically(path: Path, data: bytes, staging: Path) -> None:
@@ -147,7 +196,7 @@ def _replace(path: Path, data: bytes, staging: Path) -> None:
     mode = 0o644 & ~_umask()
     tmp_name = _staged_unnamed(data, staging, mode)
     if tmp_name is None:
-        fd, name = tempfile.mkstemp(dir=staging, prefix=".fsmc-", suffix=".tmp")
+        fd, name = tempfile.mkstemp(dir=staging, prefix=f".fsmc-{os.getpid()}-", suffix=".tmp")
         tmp_name = Path(name)
         try:
             os.fchmod(fd, mode)
