@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 
 # Printable ASCII without the two characters a Python "..." literal must escape.
 _PLAIN_ASCII = re.compile(r"[ !#-\[\]-~]*")
@@ -65,6 +66,19 @@ def sql_str(text: str) -> str:
 
 def sql_comment(text: str) -> str:
     return fold(text)
+
+
+def sql_text_array(values: Iterable[str]) -> str:
+    """A `text[]` constant holding `values` in order: `'{"a","b"}'::text[]`.
+
+    Every element is double-quoted (so `null`, empty strings, commas and braces stay
+    text) with `"` and `\\` backslash-escaped, as the array input syntax wants, and
+    the whole literal goes through `sql_str`. One constant, where `x IN ('a', 'b')`
+    is a list the executor must fold and hash again for every statement that checks
+    it (which a CHECK constraint is, on every INSERT and UPDATE).
+    """
+    elements = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return sql_str("{" + ",".join(elements) + "}") + "::text[]"
 
 
 # Every PostgreSQL keyword, of any category (`SELECT word FROM pg_get_keywords()` on

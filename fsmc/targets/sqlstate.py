@@ -8,11 +8,16 @@ so psycopg raises them as `psycopg.errors.IntegrityError` subclasses.
 | 23F02 | `<machine>_apply`: the event is not one the spec declares |
 | 23F03 | `<machine>_apply` / `<machine>_heartbeat`: no row has that id |
 | 23F04 | a direct write moves a row along an edge the spec lacks, out of a terminal, or without bumping `state_version` by one; or inserts a row not in the initial state at version 0 |
-| 23F05 | at COMMIT: a row's state changed without the matching event row |
-| 23F06 | UPDATE or DELETE on the append-only event log |
+| 23F05 | at COMMIT: a row's state (or version) changed without the matching event row, or an event row records a move its row did not make |
+| 23F06 | UPDATE, DELETE or TRUNCATE on the append-only event log |
+
+Other refusals keep PostgreSQL's own codes: an undeclared state is the state CHECK's
+23514 (check_violation), as is an event row whose (from, event, to) is not one of
+the spec's; NULL arguments to the functions are 22004 (null_value_not_allowed).
 
 The messages of 23F01 name the state and the event as `state "S"` and `event "E"`,
-and its DETAIL is `state=S event=E`, which `transition()` reads back.
+and its DETAIL is `state=S event=E`, which `transition()` reads back. A version
+conflict is not an error: `<machine>_apply` returns NULL.
 """
 
 ILLEGAL_TRANSITION = "23F01"

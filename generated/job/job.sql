@@ -39,7 +39,7 @@ CREATE TABLE jobs (
     claimed_at timestamptz,
     heartbeat_at timestamptz,
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
-    CONSTRAINT jobs_state_check CHECK (state IN ('queued', 'claimed', 'running', 'paused', 'completed', 'failed', 'abandoned'))
+    CONSTRAINT jobs_state_check CHECK (state = ANY ('{"queued","claimed","running","paused","completed","failed","abandoned"}'::text[]))
 ) WITH (fillfactor = 90);
 
 CREATE TABLE job_events (
@@ -55,7 +55,7 @@ CREATE TABLE job_events (
     CONSTRAINT job_events_fkey FOREIGN KEY (job_id) REFERENCES jobs (id),
     CONSTRAINT job_events_version_check CHECK (version > 0),
     CONSTRAINT job_events_transition_check CHECK (
-        (from_state, event, to_state) IN (('queued', 'claim', 'claimed'), ('claimed', 'start', 'running'), ('claimed', 'reclaim', 'queued'), ('running', 'reclaim', 'queued'), ('running', 'finish', 'completed'), ('running', 'error', 'failed'), ('running', 'pause', 'paused'), ('paused', 'resume', 'running'), ('paused', 'abandon', 'abandoned'), ('failed', 'retry', 'queued'), ('failed', 'abandon', 'abandoned'))
+        (from_state || ' ' || event || ' ' || to_state) = ANY ('{"queued claim claimed","claimed start running","claimed reclaim queued","running reclaim queued","running finish completed","running error failed","running pause paused","paused resume running","paused abandon abandoned","failed retry queued","failed abandon abandoned"}'::text[])
     )
 );
 
@@ -81,54 +81,18 @@ SET search_path FROM CURRENT
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
-    v_version bigint;
-    v_state text;
     v_event text := job_apply.event;
+    v_state text;
+    v_version bigint;
+    v_to text;
+    v_was_held boolean;
+    v_held boolean;
 BEGIN
     IF job_apply.id IS NULL OR v_event IS NULL OR job_apply.expected_version IS NULL
         OR job_apply.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'job_apply: id, event, expected_version and actor must not be NULL';
     END IF;
-    -- The move: the version check and the spec's table in one UPDATE, the event row in
-    -- the same statement. A concurrent mover makes this wait, then re-check the WHERE
-    -- on the row it left behind, whose version no longer matches.
-    WITH moved AS (
-        UPDATE jobs AS t
-        SET state = x.to_state,
-            state_version = t.state_version + 1,
-            claimed_by = CASE x.lease WHEN 'enter' THEN job_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-            claimed_at = CASE x.lease WHEN 'enter' THEN now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'leave' THEN NULL WHEN 'none' THEN t.heartbeat_at ELSE now() END
-        FROM (VALUES
-            ('queued', 'claim', 'claimed', 'enter'),
-            ('claimed', 'start', 'running', 'stay'),
-            ('claimed', 'reclaim', 'queued', 'leave'),
-            ('running', 'reclaim', 'queued', 'leave'),
-            ('running', 'finish', 'completed', 'leave'),
-            ('running', 'error', 'failed', 'leave'),
-            ('running', 'pause', 'paused', 'leave'),
-            ('paused', 'resume', 'running', 'enter'),
-            ('paused', 'abandon', 'abandoned', 'none'),
-            ('failed', 'retry', 'queued', 'none'),
-            ('failed', 'abandon', 'abandoned', 'none')
-        ) AS x (from_state, event, to_state, lease)
-        WHERE t.id = job_apply.id
-          AND t.state_version = job_apply.expected_version
-          AND t.state = x.from_state
-          AND x.event = v_event
-        RETURNING x.from_state, x.to_state, t.state_version
-    )
-    INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, payload)
-    SELECT job_apply.id, m.state_version, m.from_state, v_event, m.to_state,
-           job_apply.actor, job_apply.payload
-    FROM moved AS m
-    RETURNING version INTO v_version;
-    IF v_version IS NOT NULL THEN
-        RETURN v_version;
-    END IF;
-
-    -- Nothing moved: say why, the version before the event (contract 4.2).
     SELECT t.state, t.state_version INTO v_state, v_version
     FROM jobs AS t WHERE t.id = job_apply.id;
     IF NOT FOUND THEN
@@ -136,46 +100,60 @@ BEGIN
             MESSAGE = format('job %s does not exist', job_apply.id),
             DETAIL = format('id=%s', job_apply.id);
     END IF;
+    -- The version before the event (contract 4.2): a caller who read an older
+    -- version learns that someone moved the row first, whatever its event.
     IF v_version <> job_apply.expected_version THEN
+        RETURN NULL;
+    END IF;
+    -- The spec's table: state, then event, to the target state.
+    v_to := CASE v_state
+        WHEN 'queued' THEN CASE v_event WHEN 'claim' THEN 'claimed' END
+        WHEN 'claimed' THEN CASE v_event WHEN 'start' THEN 'running' WHEN 'reclaim' THEN 'queued' END
+        WHEN 'running' THEN CASE v_event WHEN 'reclaim' THEN 'queued' WHEN 'finish' THEN 'completed' WHEN 'error' THEN 'failed' WHEN 'pause' THEN 'paused' END
+        WHEN 'paused' THEN CASE v_event WHEN 'resume' THEN 'running' WHEN 'abandon' THEN 'abandoned' END
+        WHEN 'failed' THEN CASE v_event WHEN 'retry' THEN 'queued' WHEN 'abandon' THEN 'abandoned' END
+    END;
+    IF v_to IS NULL THEN
+        IF NOT (v_event = ANY ('{"claim","start","finish","error","pause","resume","reclaim","retry","abandon"}'::text[])) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F02',
+                MESSAGE = format('job %s: unknown event "%s"', job_apply.id, v_event),
+                DETAIL = format('event=%s', v_event),
+                HINT = 'the events are: claim, start, finish, error, pause, resume, reclaim, retry, abandon';
+        ELSIF v_state = ANY ('{"completed","abandoned"}'::text[]) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = format('job %s is in terminal state "%s"; refusing event "%s"',
+                                 job_apply.id, v_state, v_event),
+                DETAIL = format('state=%s event=%s', v_state, v_event);
+        ELSE
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = format('job %s has no transition from state "%s" on event "%s"',
+                                 job_apply.id, v_state, v_event),
+                DETAIL = format('state=%s event=%s', v_state, v_event);
+        END IF;
+    END IF;
+    v_was_held := v_state IN ('claimed', 'running');
+    v_held := v_to IN ('claimed', 'running');
+    -- The move, under the version check. A concurrent mover of this row makes this
+    -- wait, then re-check the WHERE on the row version it left (EvalPlanQual), whose
+    -- state_version no longer matches: of two calls at one version, one moves the row.
+    UPDATE jobs AS t
+    SET state = v_to,
+        state_version = t.state_version + 1,
+        -- Into the lease from outside: claimed now, by this actor; within it: a fresh
+        -- heartbeat; out of it: no claim at all (contract 4.2, "With lease").
+        claimed_by = CASE WHEN v_held = v_was_held THEN t.claimed_by WHEN v_held THEN job_apply.actor END,
+        claimed_at = CASE WHEN v_held = v_was_held THEN t.claimed_at WHEN v_held THEN now() END,
+        heartbeat_at = CASE WHEN v_held THEN now() WHEN v_was_held THEN NULL ELSE t.heartbeat_at END
+    WHERE t.id = job_apply.id
+      AND t.state_version = job_apply.expected_version
+      AND t.state = v_state;
+    IF NOT FOUND THEN
         RETURN NULL;  -- someone else moved it first
     END IF;
-    IF NOT (v_event IN ('claim', 'start', 'finish', 'error', 'pause', 'resume', 'reclaim', 'retry', 'abandon')) THEN
-        RAISE EXCEPTION USING ERRCODE = '23F02',
-            MESSAGE = format('job %s: unknown event "%s"', job_apply.id, v_event),
-            DETAIL = format('event=%s', v_event),
-            HINT = 'the events are: claim, start, finish, error, pause, resume, reclaim, retry, abandon';
-    END IF;
-    IF v_state IN ('completed', 'abandoned') THEN
-        RAISE EXCEPTION USING ERRCODE = '23F01',
-            MESSAGE = format('job %s is in terminal state "%s"; refusing event "%s"',
-                             job_apply.id, v_state, v_event),
-            DETAIL = format('state=%s event=%s', v_state, v_event);
-    END IF;
-    IF NOT EXISTS (
-        SELECT FROM (VALUES
-            ('queued', 'claim'),
-            ('claimed', 'start'),
-            ('claimed', 'reclaim'),
-            ('running', 'reclaim'),
-            ('running', 'finish'),
-            ('running', 'error'),
-            ('running', 'pause'),
-            ('paused', 'resume'),
-            ('paused', 'abandon'),
-            ('failed', 'retry'),
-            ('failed', 'abandon')
-        ) AS x (from_state, event)
-        WHERE x.from_state = v_state AND x.event = v_event
-    ) THEN
-        RAISE EXCEPTION USING ERRCODE = '23F01',
-            MESSAGE = format('job %s has no transition from state "%s" on event "%s"',
-                             job_apply.id, v_state, v_event),
-            DETAIL = format('state=%s event=%s', v_state, v_event);
-    END IF;
-    -- Legal, at the expected version, yet not moved: the row changed between the two
-    -- statements and changed back, which versions that only grow rule out.
-    RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
-        MESSAGE = format('job %s changed during job_apply; retry', job_apply.id);
+    INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, payload)
+    VALUES (job_apply.id, job_apply.expected_version + 1, v_state, v_event, v_to,
+            job_apply.actor, job_apply.payload);
+    RETURN job_apply.expected_version + 1;
 END
 $fsmc$;
 
@@ -248,35 +226,32 @@ END
 $fsmc$;
 
 -- Defense in depth: writes that bypass job_apply (a manual UPDATE during an
--- incident) still keep to the spec.
+-- incident) still keep to the spec. The rules live in each trigger's WHEN clause,
+-- which PostgreSQL evaluates inline; the functions only run for a write that breaks
+-- one, to say which. A legal move pays no function call, a heartbeat not even the
+-- clause's state tests.
 
 CREATE FUNCTION job_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $fsmc$
 BEGIN
-    IF NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('a job is born in state "queued" at version 0, not in state "%s" at version %s',
-                             NEW.state, NEW.state_version),
-            HINT = 'insert without state and state_version, then move the row with job_apply';
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION USING ERRCODE = '23F04',
+        MESSAGE = format('a job is born in state "queued" at version 0, not in state "%s" at version %s',
+                         NEW.state, NEW.state_version),
+        HINT = 'insert without state and state_version, then move the row with job_apply';
 END
 $fsmc$;
 
 CREATE TRIGGER job_guard_insert BEFORE INSERT ON jobs
-FOR EACH ROW EXECUTE FUNCTION job_guard_insert();
+FOR EACH ROW
+WHEN (NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0)
+EXECUTE FUNCTION job_guard_insert();
 
 CREATE FUNCTION job_guard_update() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $fsmc$
 BEGIN
-    IF NEW.state IS NULL OR NOT (NEW.state IN ('queued', 'claimed', 'running', 'paused', 'completed', 'failed', 'abandoned')) THEN
-        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
-    END IF;
-    IF OLD.state IN ('completed', 'abandoned') THEN
+    IF OLD.state = ANY ('{"completed","abandoned"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = format('job %s is in terminal state "%s"; nothing may move it (to state "%s")',
                              OLD.id, OLD.state, NEW.state),
@@ -288,21 +263,23 @@ BEGIN
                              OLD.id, OLD.state, NEW.state, OLD.state_version + 1, NEW.state_version),
             DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
     END IF;
-    IF NOT ((OLD.state, NEW.state) IN (('queued', 'claimed'), ('claimed', 'running'), ('claimed', 'queued'), ('running', 'queued'), ('running', 'completed'), ('running', 'failed'), ('running', 'paused'), ('paused', 'running'), ('paused', 'abandoned'), ('failed', 'queued'), ('failed', 'abandoned'))) THEN
-        RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('job %s: the spec has no transition from state "%s" to state "%s"',
-                             OLD.id, OLD.state, NEW.state),
-            DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION USING ERRCODE = '23F04',
+        MESSAGE = format('job %s: the spec has no transition from state "%s" to state "%s"',
+                         OLD.id, OLD.state, NEW.state),
+        DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
 END
 $fsmc$;
 
--- WHEN: a write that leaves state and state_version alone (a heartbeat) never
--- reaches the trigger.
+-- Fires for a write that changes state or state_version into a declared state (an
+-- undeclared or NULL one is the CHECK's and NOT NULL's to refuse, with their own
+-- SQLSTATEs) other than along one of the spec's edges with the version bumped by
+-- exactly one. Terminal states have no edges out.
 CREATE TRIGGER job_guard_update BEFORE UPDATE ON jobs
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+      AND NEW.state = ANY ('{"queued","claimed","running","paused","completed","failed","abandoned"}'::text[])
+      AND NOT (NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
+               AND (OLD.state || ' ' || NEW.state) = ANY ('{"queued claimed","claimed running","claimed queued","running queued","running completed","running failed","running paused","paused running","paused abandoned","failed queued","failed abandoned"}'::text[])))
 EXECUTE FUNCTION job_guard_update();
 
 CREATE FUNCTION job_check_logged() RETURNS trigger

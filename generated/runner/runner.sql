@@ -27,7 +27,7 @@ CREATE TABLE runners (
     state text NOT NULL DEFAULT 'queued',
     state_version bigint NOT NULL DEFAULT 0,
     CONSTRAINT runners_pkey PRIMARY KEY (id),
-    CONSTRAINT runners_state_check CHECK (state IN ('queued', 'running', 'succeeded', 'failed'))
+    CONSTRAINT runners_state_check CHECK (state = ANY ('{"queued","running","succeeded","failed"}'::text[]))
 );
 
 CREATE TABLE runner_events (
@@ -43,7 +43,7 @@ CREATE TABLE runner_events (
     CONSTRAINT runner_events_fkey FOREIGN KEY (runner_id) REFERENCES runners (id),
     CONSTRAINT runner_events_version_check CHECK (version > 0),
     CONSTRAINT runner_events_transition_check CHECK (
-        (from_state, event, to_state) IN (('queued', 'claim', 'running'), ('running', 'succeed', 'succeeded'), ('running', 'fail', 'failed'))
+        (from_state || ' ' || event || ' ' || to_state) = ANY ('{"queued claim running","running succeed succeeded","running fail failed"}'::text[])
     )
 );
 
@@ -64,43 +64,16 @@ SET search_path FROM CURRENT
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
-    v_version bigint;
-    v_state text;
     v_event text := runner_apply.event;
+    v_state text;
+    v_version bigint;
+    v_to text;
 BEGIN
     IF runner_apply.id IS NULL OR v_event IS NULL OR runner_apply.expected_version IS NULL
         OR runner_apply.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'runner_apply: id, event, expected_version and actor must not be NULL';
     END IF;
-    -- The move: the version check and the spec's table in one UPDATE, the event row in
-    -- the same statement. A concurrent mover makes this wait, then re-check the WHERE
-    -- on the row it left behind, whose version no longer matches.
-    WITH moved AS (
-        UPDATE runners AS t
-        SET state = x.to_state,
-            state_version = t.state_version + 1
-        FROM (VALUES
-            ('queued', 'claim', 'running', 'none'),
-            ('running', 'succeed', 'succeeded', 'none'),
-            ('running', 'fail', 'failed', 'none')
-        ) AS x (from_state, event, to_state, lease)
-        WHERE t.id = runner_apply.id
-          AND t.state_version = runner_apply.expected_version
-          AND t.state = x.from_state
-          AND x.event = v_event
-        RETURNING x.from_state, x.to_state, t.state_version
-    )
-    INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor, payload)
-    SELECT runner_apply.id, m.state_version, m.from_state, v_event, m.to_state,
-           runner_apply.actor, runner_apply.payload
-    FROM moved AS m
-    RETURNING version INTO v_version;
-    IF v_version IS NOT NULL THEN
-        RETURN v_version;
-    END IF;
-
-    -- Nothing moved: say why, the version before the event (contract 4.2).
     SELECT t.state, t.state_version INTO v_state, v_version
     FROM runners AS t WHERE t.id = runner_apply.id;
     IF NOT FOUND THEN
@@ -108,71 +81,80 @@ BEGIN
             MESSAGE = format('runner %s does not exist', runner_apply.id),
             DETAIL = format('id=%s', runner_apply.id);
     END IF;
+    -- The version before the event (contract 4.2): a caller who read an older
+    -- version learns that someone moved the row first, whatever its event.
     IF v_version <> runner_apply.expected_version THEN
+        RETURN NULL;
+    END IF;
+    -- The spec's table: state, then event, to the target state.
+    v_to := CASE v_state
+        WHEN 'queued' THEN CASE v_event WHEN 'claim' THEN 'running' END
+        WHEN 'running' THEN CASE v_event WHEN 'succeed' THEN 'succeeded' WHEN 'fail' THEN 'failed' END
+    END;
+    IF v_to IS NULL THEN
+        IF NOT (v_event = ANY ('{"claim","succeed","fail"}'::text[])) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F02',
+                MESSAGE = format('runner %s: unknown event "%s"', runner_apply.id, v_event),
+                DETAIL = format('event=%s', v_event),
+                HINT = 'the events are: claim, succeed, fail';
+        ELSIF v_state = ANY ('{"succeeded","failed"}'::text[]) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = format('runner %s is in terminal state "%s"; refusing event "%s"',
+                                 runner_apply.id, v_state, v_event),
+                DETAIL = format('state=%s event=%s', v_state, v_event);
+        ELSE
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = format('runner %s has no transition from state "%s" on event "%s"',
+                                 runner_apply.id, v_state, v_event),
+                DETAIL = format('state=%s event=%s', v_state, v_event);
+        END IF;
+    END IF;
+    -- The move, under the version check. A concurrent mover of this row makes this
+    -- wait, then re-check the WHERE on the row version it left (EvalPlanQual), whose
+    -- state_version no longer matches: of two calls at one version, one moves the row.
+    UPDATE runners AS t
+    SET state = v_to,
+        state_version = t.state_version + 1
+    WHERE t.id = runner_apply.id
+      AND t.state_version = runner_apply.expected_version
+      AND t.state = v_state;
+    IF NOT FOUND THEN
         RETURN NULL;  -- someone else moved it first
     END IF;
-    IF NOT (v_event IN ('claim', 'succeed', 'fail')) THEN
-        RAISE EXCEPTION USING ERRCODE = '23F02',
-            MESSAGE = format('runner %s: unknown event "%s"', runner_apply.id, v_event),
-            DETAIL = format('event=%s', v_event),
-            HINT = 'the events are: claim, succeed, fail';
-    END IF;
-    IF v_state IN ('succeeded', 'failed') THEN
-        RAISE EXCEPTION USING ERRCODE = '23F01',
-            MESSAGE = format('runner %s is in terminal state "%s"; refusing event "%s"',
-                             runner_apply.id, v_state, v_event),
-            DETAIL = format('state=%s event=%s', v_state, v_event);
-    END IF;
-    IF NOT EXISTS (
-        SELECT FROM (VALUES
-            ('queued', 'claim'),
-            ('running', 'succeed'),
-            ('running', 'fail')
-        ) AS x (from_state, event)
-        WHERE x.from_state = v_state AND x.event = v_event
-    ) THEN
-        RAISE EXCEPTION USING ERRCODE = '23F01',
-            MESSAGE = format('runner %s has no transition from state "%s" on event "%s"',
-                             runner_apply.id, v_state, v_event),
-            DETAIL = format('state=%s event=%s', v_state, v_event);
-    END IF;
-    -- Legal, at the expected version, yet not moved: the row changed between the two
-    -- statements and changed back, which versions that only grow rule out.
-    RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
-        MESSAGE = format('runner %s changed during runner_apply; retry', runner_apply.id);
+    INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor, payload)
+    VALUES (runner_apply.id, runner_apply.expected_version + 1, v_state, v_event, v_to,
+            runner_apply.actor, runner_apply.payload);
+    RETURN runner_apply.expected_version + 1;
 END
 $fsmc$;
 
 -- Defense in depth: writes that bypass runner_apply (a manual UPDATE during an
--- incident) still keep to the spec.
+-- incident) still keep to the spec. The rules live in each trigger's WHEN clause,
+-- which PostgreSQL evaluates inline; the functions only run for a write that breaks
+-- one, to say which. A legal move pays no function call, a heartbeat not even the
+-- clause's state tests.
 
 CREATE FUNCTION runner_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $fsmc$
 BEGIN
-    IF NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('a runner is born in state "queued" at version 0, not in state "%s" at version %s',
-                             NEW.state, NEW.state_version),
-            HINT = 'insert without state and state_version, then move the row with runner_apply';
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION USING ERRCODE = '23F04',
+        MESSAGE = format('a runner is born in state "queued" at version 0, not in state "%s" at version %s',
+                         NEW.state, NEW.state_version),
+        HINT = 'insert without state and state_version, then move the row with runner_apply';
 END
 $fsmc$;
 
 CREATE TRIGGER runner_guard_insert BEFORE INSERT ON runners
-FOR EACH ROW EXECUTE FUNCTION runner_guard_insert();
+FOR EACH ROW
+WHEN (NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0)
+EXECUTE FUNCTION runner_guard_insert();
 
 CREATE FUNCTION runner_guard_update() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $fsmc$
 BEGIN
-    IF NEW.state IS NULL OR NOT (NEW.state IN ('queued', 'running', 'succeeded', 'failed')) THEN
-        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
-    END IF;
-    IF OLD.state IN ('succeeded', 'failed') THEN
+    IF OLD.state = ANY ('{"succeeded","failed"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = format('runner %s is in terminal state "%s"; nothing may move it (to state "%s")',
                              OLD.id, OLD.state, NEW.state),
@@ -184,21 +166,23 @@ BEGIN
                              OLD.id, OLD.state, NEW.state, OLD.state_version + 1, NEW.state_version),
             DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
     END IF;
-    IF NOT ((OLD.state, NEW.state) IN (('queued', 'running'), ('running', 'succeeded'), ('running', 'failed'))) THEN
-        RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('runner %s: the spec has no transition from state "%s" to state "%s"',
-                             OLD.id, OLD.state, NEW.state),
-            DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION USING ERRCODE = '23F04',
+        MESSAGE = format('runner %s: the spec has no transition from state "%s" to state "%s"',
+                         OLD.id, OLD.state, NEW.state),
+        DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
 END
 $fsmc$;
 
--- WHEN: a write that leaves state and state_version alone (a heartbeat) never
--- reaches the trigger.
+-- Fires for a write that changes state or state_version into a declared state (an
+-- undeclared or NULL one is the CHECK's and NOT NULL's to refuse, with their own
+-- SQLSTATEs) other than along one of the spec's edges with the version bumped by
+-- exactly one. Terminal states have no edges out.
 CREATE TRIGGER runner_guard_update BEFORE UPDATE ON runners
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+      AND NEW.state = ANY ('{"queued","running","succeeded","failed"}'::text[])
+      AND NOT (NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
+               AND (OLD.state || ' ' || NEW.state) = ANY ('{"queued running","running succeeded","running failed"}'::text[])))
 EXECUTE FUNCTION runner_guard_update();
 
 CREATE FUNCTION runner_check_logged() RETURNS trigger

@@ -36,7 +36,7 @@ CREATE TABLE tasks (
     claimed_at timestamptz,
     heartbeat_at timestamptz,
     CONSTRAINT tasks_pkey PRIMARY KEY (id),
-    CONSTRAINT tasks_state_check CHECK (state IN ('new', 'acquired', 'working', 'done', 'failed', 'dead'))
+    CONSTRAINT tasks_state_check CHECK (state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[]))
 ) WITH (fillfactor = 90);
 
 CREATE TABLE task_events (
@@ -52,7 +52,7 @@ CREATE TABLE task_events (
     CONSTRAINT task_events_fkey FOREIGN KEY (task_id) REFERENCES tasks (id),
     CONSTRAINT task_events_version_check CHECK (version > 0),
     CONSTRAINT task_events_transition_check CHECK (
-        (from_state, event, to_state) IN (('new', 'acquire', 'acquired'), ('acquired', 'begin', 'working'), ('acquired', 'expire', 'new'), ('working', 'complete', 'done'), ('acquired', 'fail', 'failed'), ('working', 'fail', 'failed'), ('failed', 'retry', 'new'), ('failed', 'give_up', 'dead'))
+        (from_state || ' ' || event || ' ' || to_state) = ANY ('{"new acquire acquired","acquired begin working","acquired expire new","working complete done","acquired fail failed","working fail failed","failed retry new","failed give_up dead"}'::text[])
     )
 );
 
@@ -78,51 +78,18 @@ SET search_path FROM CURRENT
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
-    v_version bigint;
-    v_state text;
     v_event text := task_apply.event;
+    v_state text;
+    v_version bigint;
+    v_to text;
+    v_was_held boolean;
+    v_held boolean;
 BEGIN
     IF task_apply.id IS NULL OR v_event IS NULL OR task_apply.expected_version IS NULL
         OR task_apply.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'task_apply: id, event, expected_version and actor must not be NULL';
     END IF;
-    -- The move: the version check and the spec's table in one UPDATE, the event row in
-    -- the same statement. A concurrent mover makes this wait, then re-check the WHERE
-    -- on the row it left behind, whose version no longer matches.
-    WITH moved AS (
-        UPDATE tasks AS t
-        SET state = x.to_state,
-            state_version = t.state_version + 1,
-            claimed_by = CASE x.lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-            claimed_at = CASE x.lease WHEN 'enter' THEN now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'leave' THEN NULL WHEN 'none' THEN t.heartbeat_at ELSE now() END
-        FROM (VALUES
-            ('new', 'acquire', 'acquired', 'enter'),
-            ('acquired', 'begin', 'working', 'stay'),
-            ('acquired', 'expire', 'new', 'leave'),
-            ('working', 'complete', 'done', 'leave'),
-            ('acquired', 'fail', 'failed', 'leave'),
-            ('working', 'fail', 'failed', 'leave'),
-            ('failed', 'retry', 'new', 'none'),
-            ('failed', 'give_up', 'dead', 'none')
-        ) AS x (from_state, event, to_state, lease)
-        WHERE t.id = task_apply.id
-          AND t.state_version = task_apply.expected_version
-          AND t.state = x.from_state
-          AND x.event = v_event
-        RETURNING x.from_state, x.to_state, t.state_version
-    )
-    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
-    SELECT task_apply.id, m.state_version, m.from_state, v_event, m.to_state,
-           task_apply.actor, task_apply.payload
-    FROM moved AS m
-    RETURNING version INTO v_version;
-    IF v_version IS NOT NULL THEN
-        RETURN v_version;
-    END IF;
-
-    -- Nothing moved: say why, the version before the event (contract 4.2).
     SELECT t.state, t.state_version INTO v_state, v_version
     FROM tasks AS t WHERE t.id = task_apply.id;
     IF NOT FOUND THEN
@@ -130,43 +97,59 @@ BEGIN
             MESSAGE = format('task %s does not exist', task_apply.id),
             DETAIL = format('id=%s', task_apply.id);
     END IF;
+    -- The version before the event (contract 4.2): a caller who read an older
+    -- version learns that someone moved the row first, whatever its event.
     IF v_version <> task_apply.expected_version THEN
+        RETURN NULL;
+    END IF;
+    -- The spec's table: state, then event, to the target state.
+    v_to := CASE v_state
+        WHEN 'new' THEN CASE v_event WHEN 'acquire' THEN 'acquired' END
+        WHEN 'acquired' THEN CASE v_event WHEN 'begin' THEN 'working' WHEN 'expire' THEN 'new' WHEN 'fail' THEN 'failed' END
+        WHEN 'working' THEN CASE v_event WHEN 'complete' THEN 'done' WHEN 'fail' THEN 'failed' END
+        WHEN 'failed' THEN CASE v_event WHEN 'retry' THEN 'new' WHEN 'give_up' THEN 'dead' END
+    END;
+    IF v_to IS NULL THEN
+        IF NOT (v_event = ANY ('{"acquire","begin","complete","fail","retry","give_up","expire"}'::text[])) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F02',
+                MESSAGE = format('task %s: unknown event "%s"', task_apply.id, v_event),
+                DETAIL = format('event=%s', v_event),
+                HINT = 'the events are: acquire, begin, complete, fail, retry, give_up, expire';
+        ELSIF v_state = ANY ('{"done","dead"}'::text[]) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = format('task %s is in terminal state "%s"; refusing event "%s"',
+                                 task_apply.id, v_state, v_event),
+                DETAIL = format('state=%s event=%s', v_state, v_event);
+        ELSE
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = format('task %s has no transition from state "%s" on event "%s"',
+                                 task_apply.id, v_state, v_event),
+                DETAIL = format('state=%s event=%s', v_state, v_event);
+        END IF;
+    END IF;
+    v_was_held := v_state IN ('acquired', 'working');
+    v_held := v_to IN ('acquired', 'working');
+    -- The move, under the version check. A concurrent mover of this row makes this
+    -- wait, then re-check the WHERE on the row version it left (EvalPlanQual), whose
+    -- state_version no longer matches: of two calls at one version, one moves the row.
+    UPDATE tasks AS t
+    SET state = v_to,
+        state_version = t.state_version + 1,
+        -- Into the lease from outside: claimed now, by this actor; within it: a fresh
+        -- heartbeat; out of it: no claim at all (contract 4.2, "With lease").
+        claimed_by = CASE WHEN v_held = v_was_held THEN t.claimed_by WHEN v_held THEN task_apply.actor END,
+        claimed_at = CASE WHEN v_held = v_was_held THEN t.claimed_at WHEN v_held THEN now() END,
+        heartbeat_at = CASE WHEN v_held THEN now() WHEN v_was_held THEN NULL ELSE t.heartbeat_at END
+    WHERE t.id = task_apply.id
+      AND t.state_version = task_apply.expected_version
+      AND t.state = v_state;
+    IF NOT FOUND THEN
         RETURN NULL;  -- someone else moved it first
     END IF;
-    IF NOT (v_event IN ('acquire', 'begin', 'complete', 'fail', 'retry', 'give_up', 'expire')) THEN
-        RAISE EXCEPTION USING ERRCODE = '23F02',
-            MESSAGE = format('task %s: unknown event "%s"', task_apply.id, v_event),
-            DETAIL = format('event=%s', v_event),
-            HINT = 'the events are: acquire, begin, complete, fail, retry, give_up, expire';
-    END IF;
-    IF v_state IN ('done', 'dead') THEN
-        RAISE EXCEPTION USING ERRCODE = '23F01',
-            MESSAGE = format('task %s is in terminal state "%s"; refusing event "%s"',
-                             task_apply.id, v_state, v_event),
-            DETAIL = format('state=%s event=%s', v_state, v_event);
-    END IF;
-    IF NOT EXISTS (
-        SELECT FROM (VALUES
-            ('new', 'acquire'),
-            ('acquired', 'begin'),
-            ('acquired', 'expire'),
-            ('working', 'complete'),
-            ('acquired', 'fail'),
-            ('working', 'fail'),
-            ('failed', 'retry'),
-            ('failed', 'give_up')
-        ) AS x (from_state, event)
-        WHERE x.from_state = v_state AND x.event = v_event
-    ) THEN
-        RAISE EXCEPTION USING ERRCODE = '23F01',
-            MESSAGE = format('task %s has no transition from state "%s" on event "%s"',
-                             task_apply.id, v_state, v_event),
-            DETAIL = format('state=%s event=%s', v_state, v_event);
-    END IF;
-    -- Legal, at the expected version, yet not moved: the row changed between the two
-    -- statements and changed back, which versions that only grow rule out.
-    RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
-        MESSAGE = format('task %s changed during task_apply; retry', task_apply.id);
+    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
+    VALUES (task_apply.id, task_apply.expected_version + 1, v_state, v_event, v_to,
+            task_apply.actor, task_apply.payload);
+    RETURN task_apply.expected_version + 1;
 END
 $fsmc$;
 
@@ -239,35 +222,32 @@ END
 $fsmc$;
 
 -- Defense in depth: writes that bypass task_apply (a manual UPDATE during an
--- incident) still keep to the spec.
+-- incident) still keep to the spec. The rules live in each trigger's WHEN clause,
+-- which PostgreSQL evaluates inline; the functions only run for a write that breaks
+-- one, to say which. A legal move pays no function call, a heartbeat not even the
+-- clause's state tests.
 
 CREATE FUNCTION task_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $fsmc$
 BEGIN
-    IF NEW.state IS DISTINCT FROM 'new' OR NEW.state_version IS DISTINCT FROM 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('a task is born in state "new" at version 0, not in state "%s" at version %s',
-                             NEW.state, NEW.state_version),
-            HINT = 'insert without state and state_version, then move the row with task_apply';
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION USING ERRCODE = '23F04',
+        MESSAGE = format('a task is born in state "new" at version 0, not in state "%s" at version %s',
+                         NEW.state, NEW.state_version),
+        HINT = 'insert without state and state_version, then move the row with task_apply';
 END
 $fsmc$;
 
 CREATE TRIGGER task_guard_insert BEFORE INSERT ON tasks
-FOR EACH ROW EXECUTE FUNCTION task_guard_insert();
+FOR EACH ROW
+WHEN (NEW.state IS DISTINCT FROM 'new' OR NEW.state_version IS DISTINCT FROM 0)
+EXECUTE FUNCTION task_guard_insert();
 
 CREATE FUNCTION task_guard_update() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $fsmc$
 BEGIN
-    IF NEW.state IS NULL OR NOT (NEW.state IN ('new', 'acquired', 'working', 'done', 'failed', 'dead')) THEN
-        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
-    END IF;
-    IF OLD.state IN ('done', 'dead') THEN
+    IF OLD.state = ANY ('{"done","dead"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = format('task %s is in terminal state "%s"; nothing may move it (to state "%s")',
                              OLD.id, OLD.state, NEW.state),
@@ -279,21 +259,23 @@ BEGIN
                              OLD.id, OLD.state, NEW.state, OLD.state_version + 1, NEW.state_version),
             DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
     END IF;
-    IF NOT ((OLD.state, NEW.state) IN (('new', 'acquired'), ('acquired', 'working'), ('acquired', 'new'), ('working', 'done'), ('acquired', 'failed'), ('working', 'failed'), ('failed', 'new'), ('failed', 'dead'))) THEN
-        RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('task %s: the spec has no transition from state "%s" to state "%s"',
-                             OLD.id, OLD.state, NEW.state),
-            DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION USING ERRCODE = '23F04',
+        MESSAGE = format('task %s: the spec has no transition from state "%s" to state "%s"',
+                         OLD.id, OLD.state, NEW.state),
+        DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
 END
 $fsmc$;
 
--- WHEN: a write that leaves state and state_version alone (a heartbeat) never
--- reaches the trigger.
+-- Fires for a write that changes state or state_version into a declared state (an
+-- undeclared or NULL one is the CHECK's and NOT NULL's to refuse, with their own
+-- SQLSTATEs) other than along one of the spec's edges with the version bumped by
+-- exactly one. Terminal states have no edges out.
 CREATE TRIGGER task_guard_update BEFORE UPDATE ON tasks
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+      AND NEW.state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[])
+      AND NOT (NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
+               AND (OLD.state || ' ' || NEW.state) = ANY ('{"new acquired","acquired working","acquired new","working done","acquired failed","working failed","failed new","failed dead"}'::text[])))
 EXECUTE FUNCTION task_guard_update();
 
 CREATE FUNCTION task_check_logged() RETURNS trigger

@@ -1,0 +1,236 @@
+"""Scratch databases for the PostgreSQL tests: one fresh schema, owned by one fresh
+non-superuser role, per test, so tests run in parallel under pytest-xdist.
+
+`Scratch.create(dsn, machine)` makes a LOGIN role (not a superuser), a schema it
+owns, and loads the machine's generated `.sql` into it *as that role*: every test
+is first a proof that the file applies cleanly as a non-superuser owner.
+`scratch.connect()` opens more connections as that role with `search_path` set to
+the schema; `scratch.superuser()` one as the DSN's user (for auto_explain and the
+statistics views). `scratch.drop()` removes schema and role.
+
+Also: reading machines from specs/, walking a row to a state through `_apply`,
+replaying the event log, and importing the generated Python module.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from fsmc import pipeline, source
+from fsmc.model import Machine
+from fsmc.targets import generate
+from fsmc.targets import sql as sql_target
+from fsmc.targets.common import Paths
+from tests.conftest import SPECS
+
+SPEC_NAMES = ("job", "runner", "task")
+LEASE_SPEC_NAMES = ("job", "task")  # runner has no lease
+TIMEOUTS = "-c lock_timeout=10s -c statement_timeout=60s"
+
+
+def machine_of(name: str) -> Machine:
+    return machine_from_text((SPECS / f"{name}.yaml").read_text(encoding="utf-8"), f"{name}.yaml")
+
+
+def machine_from_text(text: str, path: str = "spec.yaml") -> Machine:
+    checked = pipeline.check(source.Source(path, path, text.encode()))
+    assert checked.machine is not None and checked.ok(), checked.diagnostics
+    return checked.machine
+
+
+@dataclass
+class Scratch:
+    dsn: str
+    machine: Machine
+    role: str
+    schema: str
+    sql_text: str
+    _open: list[psycopg.Connection[Any]] = field(default_factory=list)
+
+    @staticmethod
+    def create(dsn: str, machine: Machine, sql_text: str | None = None) -> Scratch:
+        tag = uuid.uuid4().hex[:12]
+        text = sql_target.emit(machine) if sql_text is None else sql_text
+        scratch = Scratch(dsn, machine, f"fsmc_owner_{tag}", f"fsmc_test_{tag}", text)
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+                          .format(sql.Identifier(scratch.role)))  # fmt: skip
+            admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                sql.Identifier(scratch.schema), sql.Identifier(scratch.role)))  # fmt: skip
+        try:
+            with scratch.connect() as owner:
+                row = owner.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+                assert row == (False,), "the owner must not be a superuser"
+                owner.execute(text.encode())  # no parameters: psycopg sends it as one script
+                owner.commit()
+        except BaseException:
+            scratch.drop()
+            raise
+        return scratch
+
+    def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+        """A connection as the owner role, search_path = the scratch schema. A lock
+        wait past LOCK_TIMEOUT fails the test instead of hanging it."""
+        conn = psycopg.connect(self.dsn, user=self.role, autocommit=autocommit,
+                               options=f"-c search_path={self.schema} {TIMEOUTS}")  # fmt: skip
+        self._open.append(conn)
+        return conn
+
+    def superuser(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.dsn, autocommit=autocommit,
+                               options=f"-c search_path={self.schema} {TIMEOUTS}")  # fmt: skip
+        self._open.append(conn)
+        return conn
+
+    def drop(self) -> None:
+        for conn in self._open:
+            conn.close()
+        with psycopg.connect(self.dsn, autocommit=True) as admin:
+            # Sessions of this role that a failed test left behind would block DROP ROLE.
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE usename = %s AND pid <> pg_backend_pid()", (self.role,))  # fmt: skip
+            admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(self.role)))
+
+    # --- names, as the generated SQL spells them --------------------------------
+
+    @property
+    def names(self) -> sql_target.Names:
+        return sql_target.Names.of(self.machine)
+
+    def q(self, template: str) -> bytes:
+        """`template` with {table}, {events}, {id_col}, {apply}, ... filled in."""
+        n = self.names
+        return template.format(
+            table=n.table, events=n.events_table, id_col=n.id_column, apply=n.apply,
+            heartbeat=n.heartbeat, reclaim=n.reclaim, digest=n.digest, lease_idx=n.lease_index,
+        ).encode()  # fmt: skip
+
+    # --- rows ---------------------------------------------------------------------
+
+    def new_row(self, conn: psycopg.Connection[Any]) -> Any:
+        """A fresh row in the initial state; its id."""
+        if self.machine.postgres.id_type == "text":
+            row = conn.execute(self.q("INSERT INTO {table} (id) VALUES (%s) RETURNING id"),
+                               (f"id-{uuid.uuid4().hex}",)).fetchone()  # fmt: skip
+        else:
+            row = conn.execute(self.q("INSERT INTO {table} DEFAULT VALUES RETURNING id")).fetchone()
+        assert row is not None
+        return row[0]
+
+    def apply(self, conn: psycopg.Connection[Any], row_id: Any, event: str, version: int,
+              actor: str = "tester", payload: str | None = None) -> int | None:  # fmt: skip
+        got = conn.execute(self.q("SELECT {apply}(%s, %s, %s, %s, %s::jsonb)"),
+                           (row_id, event, version, actor, payload)).fetchone()  # fmt: skip
+        assert got is not None
+        return None if got[0] is None else int(got[0])
+
+    def row(self, conn: psycopg.Connection[Any], row_id: Any) -> tuple[str, int]:
+        got = conn.execute(self.q("SELECT state, state_version FROM {table} WHERE id = %s"),
+                           (row_id,)).fetchone()  # fmt: skip
+        assert got is not None
+        return str(got[0]), int(got[1])
+
+    def events_of(self, conn: psycopg.Connection[Any], row_id: Any) -> list[tuple[Any, ...]]:
+        """(version, from_state, event, to_state, actor) of a row, in version order."""
+        return [tuple(r) for r in conn.execute(self.q(
+            "SELECT version, from_state, event, to_state, actor FROM {events}"
+            " WHERE {id_col} = %s ORDER BY version"), (row_id,)).fetchall()]  # fmt: skip
+
+    def row_at(self, conn: psycopg.Connection[Any], state: str) -> tuple[Any, int]:
+        """A fresh row walked to `state` through `_apply` (committed); (id, version)."""
+        row_id = self.new_row(conn)
+        version = 0
+        for event in path_to(self.machine, state):
+            got = self.apply(conn, row_id, event, version)
+            assert got == version + 1
+            version = got
+        conn.commit()
+        return row_id, version
+
+    def replay_problems(self, conn: psycopg.Connection[Any]) -> list[str]:
+        """Rows whose event log does not replay to their state and version."""
+        m = self.machine
+        problems = []
+        rows = conn.execute(self.q("SELECT id, state, state_version FROM {table}")).fetchall()
+        for row_id, state, version in rows:
+            current, at = str(m.initial), 0
+            for v, frm, event, to, _actor in self.events_of(conn, row_id):
+                if v != at + 1 or frm != current or m.table.get((frm, event)) != to:
+                    problems.append(f"{row_id}: event {v} {frm}-{event}->{to} after {current}@{at}")
+                current, at = to, v
+            if (current, at) != (state, version):
+                problems.append(f"{row_id}: log replays to {current}@{at}, row is {state}@{version}")
+        return problems
+
+
+def path_to(machine: Machine, target: str) -> list[str]:
+    """The events of a shortest walk from the initial state to `target`."""
+    start = str(machine.initial)
+    seen: dict[str, list[str]] = {start: []}
+    queue = deque([start])
+    while queue:
+        here = queue.popleft()
+        if here == target:
+            return seen[here]
+        for (source_state, event), to in machine.table.items():
+            if source_state == here and to not in seen:
+                seen[to] = seen[here] + [event]
+                queue.append(to)
+    raise AssertionError(f"{target} is unreachable")
+
+
+def walk_of_length(machine: Machine, length: int, end_in: set[str]) -> list[str]:
+    """Events of a walk from the initial state of exactly `length` steps ending in a
+    state of `end_in` (dynamic programming over (steps, state))."""
+    layers: list[dict[str, list[str]]] = [{str(machine.initial): []}]
+    for _ in range(length):
+        nxt: dict[str, list[str]] = {}
+        for here, events in layers[-1].items():
+            for (source_state, event), to in machine.table.items():
+                if source_state == here and to not in nxt:
+                    nxt[to] = events + [event]
+        layers.append(nxt)
+    for state, events in layers[-1].items():
+        if state in end_in:
+            return events
+    raise AssertionError(f"no walk of {length} steps ends in {sorted(end_in)}")
+
+
+def lease_states(machine: Machine) -> set[str]:
+    assert machine.lease is not None
+    return {str(s) for s in machine.lease.states}
+
+
+def module_of(machine: Machine, folder: Path) -> ModuleType:
+    """The generated Python module of `machine`, written to `folder` and imported."""
+    paths = Paths.of(machine)
+    path = folder / Path(paths.module).name
+    path.write_text(generate(machine).files[paths.module], encoding="utf-8")
+    name = f"{path.stem}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def states_reachable(machine: Machine) -> Iterator[str]:
+    for state in machine.state_names:
+        try:
+            path_to(machine, state)
+        except AssertionError:
+            continue
+        yield state
