@@ -56,7 +56,7 @@ from fsmc.digest import machine_digest
 from fsmc.escape import sql_ident, sql_name, sql_str, sql_text_array
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
-from fsmc.targets.common import header_context
+from fsmc.targets.common import Paths, header_context
 from fsmc.templating import render
 
 ID_COLUMNS = {
@@ -224,6 +224,26 @@ def context(machine: Machine) -> dict[str, object]:
             "illegal": sqlstate.ILLEGAL_TRANSITION,
             "unknown_event": sqlstate.UNKNOWN_EVENT,
             "unknown_id": sqlstate.UNKNOWN_ID,
+            "bypass": sqlstate.BYPASS_WRITE,
+            "unlogged": sqlstate.UNLOGGED_CHANGE,
+            "append_only": sqlstate.APPEND_ONLY,
+        },
+    }
+
+
+def test_context(machine: Machine) -> dict[str, object]:
+    """What the generated pytest file needs to reach the database: the file's name, the
+    identifiers as SQL spells them, the id type and the SQLSTATEs."""
+    names = Names.of(machine)
+    return {
+        "file": Paths.of(machine).sql.rsplit("/", 1)[-1],
+        "table": names.table,
+        "events_table": names.events_table,
+        "id_column": names.id_column,
+        "apply": names.apply,
+        "id_type": machine.postgres.id_type,
+        "codes": {
+            "illegal": sqlstate.ILLEGAL_TRANSITION,
             "bypass": sqlstate.BYPASS_WRITE,
             "unlogged": sqlstate.UNLOGGED_CHANGE,
             "append_only": sqlstate.APPEND_ONLY,

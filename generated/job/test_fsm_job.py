@@ -8,8 +8,14 @@ Run with plain `pytest` on this folder.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import dataclasses
+import os
+import pathlib
 import pickle
+import random
+import threading
+import typing
 import uuid
 
 import pytest
@@ -152,3 +158,205 @@ def test_illegal_transition_survives_pickling() -> None:
     error = machine.IllegalTransition(machine.State(state), machine.Event(EVENTS[0]))
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.state, copy.event, str(copy)) == (error.state, error.event, str(error))
+
+
+
+# --- The database side (contract 4.2), when FSMC_PG_DSN names a PostgreSQL database.
+# Each test loads job.sql into its own scratch schema, dropped afterwards.
+
+SQL_FILE = pathlib.Path(__file__).with_name("job.sql")
+SQL_TABLE = "jobs"
+SQL_EVENTS = "job_events"
+SQL_ID_COLUMN = "job_id"
+SQL_APPLY = "job_apply"
+ILLEGAL_TRANSITION = "23F01"
+BYPASS_WRITE = "23F04"
+UNLOGGED_CHANGE = "23F05"
+APPEND_ONLY = "23F06"
+CHECK_VIOLATION = "23514"
+
+
+@dataclasses.dataclass
+class Database:
+    driver: typing.Any  # the psycopg module
+    dsn: str
+    schema: str
+
+    def connect(self, *, autocommit: bool = False) -> typing.Any:
+        return self.driver.connect(
+            self.dsn,
+            autocommit=autocommit,
+            options=f"-c search_path={self.schema} -c lock_timeout=10s",
+        )
+
+    def new_row(self, conn: typing.Any) -> typing.Any:
+        return conn.execute(f"INSERT INTO {SQL_TABLE} DEFAULT VALUES RETURNING id").fetchone()[0]
+
+    def row(self, conn: typing.Any, row_id: typing.Any) -> tuple[str, int]:
+        sql = f"SELECT state, state_version FROM {SQL_TABLE} WHERE id = %s"
+        state, version = conn.execute(sql, (row_id,)).fetchone()
+        return str(state), int(version)
+
+    def row_in(self, conn: typing.Any, state: str) -> tuple[typing.Any, int]:
+        """A new row moved to `state` through the module's transition(), committed."""
+        row_id, version = self.new_row(conn), 0
+        for event in _path_to(state):
+            got = machine.transition(conn, row_id, event, expected_version=version, actor="test")
+            assert got == version + 1
+            version = got
+        conn.commit()
+        return row_id, version
+
+
+def _path_to(target: str) -> list[str]:
+    paths: dict[str, list[str]] = {INITIAL: []}
+    frontier = [INITIAL]
+    while frontier:
+        here = frontier.pop(0)
+        for (state, event), nxt in TABLE.items():
+            if state == here and nxt not in paths:
+                paths[nxt] = paths[here] + [event]
+                frontier.append(nxt)
+    return paths[target]
+
+
+@pytest.fixture
+def db() -> collections.abc.Iterator[Database]:
+    dsn = os.environ.get("FSMC_PG_DSN")
+    if not dsn:
+        pytest.skip("set FSMC_PG_DSN to a PostgreSQL database to run the database checks")
+    driver = pytest.importorskip("psycopg")
+    schema = f"fsmc_test_{uuid.uuid4().hex[:16]}"
+    with driver.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        database = Database(driver, dsn, schema)
+        with database.connect() as conn:
+            conn.execute(SQL_FILE.read_text(encoding="utf-8"))
+            conn.commit()
+        yield database
+    finally:
+        with driver.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def _refused(conn: typing.Any, sql: str, params: tuple[typing.Any, ...] = ()) -> str | None:
+    """Run `sql`, which the database must refuse; roll back; its SQLSTATE."""
+    with pytest.raises(Exception) as raised:
+        conn.execute(sql, params)
+    conn.rollback()
+    return typing.cast(str | None, getattr(raised.value, "sqlstate", None))
+
+
+def test_db_rows_are_born_in_the_initial_state_only(db: Database) -> None:
+    with db.connect() as conn:
+        row_id = db.new_row(conn)
+        assert db.row(conn, row_id) == (INITIAL, 0)
+        conn.commit()
+        for state in STATES:
+            if state != INITIAL:
+                sql = f"UPDATE {SQL_TABLE} SET state = %s, state_version = 0 WHERE id = %s"
+                assert _refused(conn, sql, (state, row_id)) is not None
+                sql = f"INSERT INTO {SQL_TABLE} (state) VALUES (%s)"
+                assert _refused(conn, sql, (state,)) == BYPASS_WRITE
+
+
+def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database) -> None:
+    with db.connect() as conn:
+        for state in STATES:
+            row_id, version = db.row_in(conn, state)
+            for event in EVENTS:
+                if (state, event) in TABLE:
+                    got = machine.transition(
+                        conn, row_id, event, expected_version=version, actor="test"
+                    )
+                    assert got == version + 1
+                    assert db.row(conn, row_id) == (TABLE[state, event], version + 1)
+                else:
+                    with pytest.raises(machine.IllegalTransition) as raised:
+                        machine.transition(
+                            conn, row_id, event, expected_version=version, actor="test"
+                        )
+                    assert raised.value.state is machine.State(state)
+                    assert raised.value.event is machine.Event(event)
+                    cause = raised.value.__cause__
+                    assert getattr(cause, "sqlstate", None) == ILLEGAL_TRANSITION
+                conn.rollback()
+                assert db.row(conn, row_id) == (state, version)
+
+
+def test_db_illegal_writes_are_refused(db: Database) -> None:
+    pairs = {(state, target) for (state, _event), target in TABLE.items()}
+    move = f"UPDATE {SQL_TABLE} SET state = %s, state_version = state_version + %s WHERE id = %s"
+    with db.connect() as conn:
+        for state in STATES:
+            row_id, version = db.row_in(conn, state)
+            assert _refused(conn, move, ("no such state", 1, row_id)) == CHECK_VIOLATION
+            for target in STATES:
+                if (state, target) not in pairs:
+                    assert _refused(conn, move, (target, 1, row_id)) == BYPASS_WRITE
+                elif target != state:
+                    # Along an edge, the version must move by exactly one...
+                    assert _refused(conn, move, (target, 0, row_id)) == BYPASS_WRITE
+                    assert _refused(conn, move, (target, 2, row_id)) == BYPASS_WRITE
+                    # ... and the move must be logged by COMMIT.
+                    conn.execute(move, (target, 1, row_id))
+                    with pytest.raises(Exception) as raised:
+                        conn.commit()
+                    assert getattr(raised.value, "sqlstate", None) == UNLOGGED_CHANGE
+            assert db.row(conn, row_id) == (state, version)
+            if version:
+                for sql in (f"UPDATE {SQL_EVENTS} SET actor = 'rewritten'", f"DELETE FROM {SQL_EVENTS}"):
+                    assert _refused(conn, sql) == APPEND_ONLY
+
+
+@pytest.mark.skipif(not any(s == INITIAL for s, _e in TABLE), reason="nothing leaves the initial state")
+def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) -> None:
+    event = next(e for (s, e) in TABLE if s == INITIAL)
+    with db.connect() as first, db.connect() as second:
+        row_id = db.new_row(first)
+        first.commit()
+        assert machine.transition(first, row_id, event, expected_version=0, actor="first") == 1
+        results: list[int | None] = []
+
+        def race() -> None:  # blocks on first's row lock until first commits
+            got = machine.transition(second, row_id, event, expected_version=0, actor="second")
+            results.append(got)
+            second.commit()
+
+        racer = threading.Thread(target=race)
+        racer.start()
+        racer.join(0.2)
+        assert racer.is_alive(), "the second apply must wait for the first"
+        first.commit()
+        racer.join(10)
+        assert results == [None]
+        sql = f"SELECT actor FROM {SQL_EVENTS} WHERE {SQL_ID_COLUMN} = %s"
+        assert first.execute(sql, (row_id,)).fetchall() == [("first",)]
+
+
+def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
+    rng = random.Random(4)
+    with db.connect(autocommit=True) as conn:
+        rows = [db.new_row(conn) for _ in range(10)]
+        for row_id in rows:
+            state, version = INITIAL, 0
+            for _ in range(rng.randrange(12)):
+                moves = [(e, t) for (s, e), t in TABLE.items() if s == state]
+                if not moves:
+                    break
+                event, state = rng.choice(moves)
+                version = machine.transition(
+                    conn, row_id, event, expected_version=version, actor="test"
+                ) or -1
+        sql = (
+            f"SELECT version, from_state, event, to_state FROM {SQL_EVENTS}"
+            f" WHERE {SQL_ID_COLUMN} = %s ORDER BY version"
+        )
+        for row_id in rows:
+            state, version = INITIAL, 0
+            for at, from_state, event, to_state in conn.execute(sql, (row_id,)).fetchall():
+                assert (at, from_state) == (version + 1, state)
+                assert TABLE[from_state, event] == to_state
+                state, version = to_state, at
+            assert db.row(conn, row_id) == (state, version)

@@ -191,9 +191,12 @@ def transition(
     """Apply `event` to row `id` in the database, in the caller's transaction.
 
     Returns the row's new version, or None when its version is no longer
-    `expected_version` (someone moved it first; nothing changed). Raises
-    IllegalTransition when the database refuses the transition from the row's
-    current state, ValueError for an unknown event; never commits.
+    `expected_version` (someone moved it first; nothing changed: re-read the row).
+    Raises IllegalTransition when the database refuses the transition from the
+    row's current state, ValueError for an event this module does not know, and
+    lets the driver's error through for anything else (no row with that id is
+    SQLSTATE 23F03). Never commits; after an error the transaction is aborted, so
+    roll back.
     """
     checked = _event(event)
     body = None if payload is None else json.dumps(payload)
