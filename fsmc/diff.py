@@ -10,8 +10,10 @@ as (from, event) -> to. Transitions are compared as that table, so splitting a
 `from` list, reordering the YAML or re-quoting a name is no change, and a (from,
 event) pair present in both with another `to` is one retargeting, not a removal plus
 an addition. Descriptions are listed apart in `descriptions` and are never changes:
-they alter no behaviour. Lease and postgres options are not compared (section 5
-does not name them).
+they alter no behaviour. The lease and postgres options are compared too, as
+`options` (section 5 does not name them, but `fsmc migrate` acts on them, so a
+diff that called such a pair "the same" would hide a schema change): each option
+by its effective value, defaults applied, so writing out a default is no change.
 
 Each change says whether it is `breaking`: removing a state, an event or a
 transition, retargeting, changing the initial state, and making a state that OLD
@@ -81,6 +83,20 @@ class Initial:
 
 
 @dataclass(frozen=True)
+class Option:
+    """A lease or postgres option whose effective value changed (None: no lease).
+
+    Adding a lease where there was none is compatible (columns and functions are
+    added); every other option change is breaking: a table or id type that code
+    and rows rely on moves, or the heartbeat and reclaim contract changes."""
+
+    name: str  # lease.states, lease.reclaim, postgres.table, ...
+    old: str | None
+    new: str | None
+    breaking: bool
+
+
+@dataclass(frozen=True)
 class Described:
     """The description of the machine, a state or an event, where it differs. None
     means no description."""
@@ -132,6 +148,7 @@ class Changes:
     added: tuple[Edge, ...]
     removed: tuple[Edge, ...]
     retargeted: tuple[Retarget, ...]
+    options: tuple[Option, ...]
     descriptions: Descriptions
 
     @property
@@ -151,11 +168,11 @@ class Changes:
     def breaking(self) -> bool:
         return self.breaking_count > 0
 
-    def _all(self) -> list[Name | Edge | Retarget | Initial]:
-        out: list[Name | Edge | Retarget | Initial] = []
+    def _all(self) -> list[Name | Edge | Retarget | Initial | Option]:
+        out: list[Name | Edge | Retarget | Initial | Option] = []
         for names in (self.states, self.events, self.terminals):
             out += names.added + names.removed
-        out += self.added + self.removed + self.retargeted
+        out += self.added + self.removed + self.retargeted + self.options
         if self.initial is not None:
             out.append(self.initial)
         return out
@@ -206,7 +223,29 @@ def compare(old: Machine, new: Machine) -> Changes:
             for s, e, t in new.edges
             if (s, e) in old_table and old_table[s, e] != t
         ),
+        options=_options(old, new),
         descriptions=_descriptions(old, new),
+    )
+
+
+def _option_values(m: Machine) -> dict[str, str | None]:
+    lease = m.lease
+    return {
+        "lease.states": ", ".join(lease.states) if lease else None,
+        "lease.reclaim": str(lease.reclaim) if lease else None,
+        "postgres.table": str(m.postgres.table),
+        "postgres.events_table": str(m.postgres.events_table),
+        "postgres.id_type": m.postgres.id_type,
+    }
+
+
+def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
+    before, after = _option_values(old), _option_values(new)
+    gained_lease = old.lease is None and new.lease is not None
+    return tuple(
+        Option(name, before[name], value, not (gained_lease and name.startswith("lease.")))
+        for name, value in after.items()
+        if before[name] != value
     )
 
 

@@ -38,7 +38,7 @@ def render(changes: Changes, fmt: str, *, color: bool = False) -> str:
 class Row:
     """One change, as every format lists it."""
 
-    kind: str  # state, event, terminal, initial, transition
+    kind: str  # state, event, terminal, initial, transition, option
     action: str  # added, removed, changed, retargeted
     subject: str  # a name, or `from --event--> to`
     note: str | None  # what a reviewer needs besides: the old target, the old initial
@@ -68,6 +68,10 @@ def rows(changes: Changes) -> list[Row]:
             r.breaking,
         )
         for r in c.retargeted
+    ]
+    out += [
+        Row("option", "changed", o.name, f"{o.old or 'none'} -> {o.new or 'none'}", o.breaking)
+        for o in c.options
     ]
     return out
 
@@ -273,6 +277,10 @@ def as_json(changes: Changes) -> str:
             ],
         },
         "initial": None if c.initial is None else {"old": c.initial.old, "new": c.initial.new},
+        "options": [
+            {"name": o.name, "old": o.old, "new": o.new, "breaking": o.breaking}
+            for o in c.options
+        ],
         "breaking": c.breaking,
         "descriptions": {
             "machine": None if d.machine is None else {"old": d.machine.old, "new": d.machine.new},

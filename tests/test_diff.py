@@ -49,6 +49,8 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     "removed_state": (1, True, {"states-", "events-", "transitions-"}),
     "removed_event": (1, True, {"events-", "transitions-"}),
     "renamed_state": (1, True, {"states+", "states-", "terminals+", "terminals-", "transitions~"}),
+    "changed_options": (1, True, {"options"}),
+    "added_lease": (1, False, {"options"}),
     "mermaid_keywords": (
         1,
         True,
@@ -80,6 +82,7 @@ def kinds(c: Changes) -> set[str]:
     found |= {"transitions-"} if c.removed else set()
     found |= {"transitions~"} if c.retargeted else set()
     found |= {"initial"} if c.initial else set()
+    found |= {"options"} if c.options else set()
     return found
 
 
@@ -192,6 +195,7 @@ def test_json_has_exactly_the_contract_keys() -> None:
             "terminals",
             "transitions",
             "initial",
+            "options",
             "breaking",
             "descriptions",
         ]
@@ -203,6 +207,8 @@ def test_json_has_exactly_the_contract_keys() -> None:
         for item in doc["transitions"]["retargeted"]:
             assert list(item) == ["from", "event", "old_to", "new_to", "breaking"]
         assert doc["initial"] is None or list(doc["initial"]) == ["old", "new"]
+        for item in doc["options"]:
+            assert list(item) == ["name", "old", "new", "breaking"]
     doc = json.loads((CASES / "changed_initial" / "expected.json").read_text())
     assert doc["initial"] == {"old": "queued", "new": "running"}
 
