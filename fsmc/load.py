@@ -164,6 +164,11 @@ def load(data: bytes, file: str, path: str | None = None) -> tuple[Document | No
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         problem = exc.problem or exc.context or "invalid YAML"
+        if "maximum nesting depth" in problem:
+            # libyaml 0.2.5+ has its own limit (1,000), which its scanner's lookahead
+            # can reach before our composer sees level 65: the same limit to the user.
+            message = f"nesting is deeper than {MAX_DEPTH} levels"
+            return None, [*composer.diagnostics, Diagnostic(file, line, col, "limit", message)]
         if exc.context and exc.problem:
             started = exc.context_mark
             if started is not None and (started.line, started.column) != (line - 1, col - 1):

@@ -126,7 +126,12 @@ def test_deep_nesting_is_refused_quickly_and_without_crashing() -> None:
     start = time.perf_counter()
     found = diags("[" * 100_000 + "]" * 100_000)
     assert time.perf_counter() - start < 5
-    assert found == [("limit", 1, loader.MAX_DEPTH + 1, "nesting is deeper than 64 levels")]
+    # Where it is noticed depends on the libyaml build (newer ones stop at their own
+    # limit while scanning ahead); what the user is told does not.
+    assert [(c, line, m) for c, line, _, m in found] == [
+        ("limit", 1, "nesting is deeper than 64 levels")
+    ]
+    assert loader.MAX_DEPTH < found[0][2] <= 1001
 
 
 def test_an_alias_bomb_is_refused_quickly() -> None:
