@@ -24,9 +24,13 @@ NAME = re.compile(r"[a-z][a-z0-9_]*")
 NAME_MAX = 48
 TABLE = re.compile(r"[a-z_][a-z0-9_]*")
 TABLE_MAX = 63
-# CamelCase forms the generated module already defines.
-RESERVED_CAMEL = {"State": "state", "Event": "event", "IllegalTransition": "illegal_transition",
-                  "Connection": "connection"}  # fmt: skip
+# The names the generated module (templates/module.py.j2) defines that a CamelCase
+# class name could be: a machine's class must not replace one. A test parses a
+# generated module and holds this list to it.
+RESERVED_CAMEL = frozenset(
+    {"State", "Event", "IllegalTransition", "Connection", "INITIAL", "TERMINAL",
+     "TRANSITIONS", "ILLEGAL_TRANSITION_SQLSTATE"}
+)  # fmt: skip
 # Built-ins a class of that name would shadow in the module, which catches KeyError,
 # raises ValueError and subclasses Exception (`machine: key_error` broke apply()).
 BUILTIN_CAMEL = frozenset(n for n in dir(builtins) if n[:1].isupper())
@@ -130,6 +134,8 @@ def duplicate_name(m: Machine) -> Iterator[Diagnostic]:
 
 
 def unknown_state(m: Machine) -> Iterator[Diagnostic]:
+    if not m.states:
+        return  # `states` is missing or misshapen: the schema error is the one cause
     declared = m.state_names
     refs: list[tuple[str | tuple[int, str], Text]] = []
     if m.initial is not None:
@@ -143,6 +149,8 @@ def unknown_state(m: Machine) -> Iterator[Diagnostic]:
 
 
 def unknown_event(m: Machine) -> Iterator[Diagnostic]:
+    if not m.events:
+        return  # `events` is missing or misshapen: the schema error is the one cause
     refs: list[tuple[str | tuple[int, str], Text]] = [
         ((t.index, "event"), t.event) for t in m.transitions
     ]

@@ -188,3 +188,29 @@ def test_the_module_behaves_as_the_contract_says(tmp_path: Path) -> None:
     )
     done = run(sys.executable, "-c", script, cwd=folder)
     assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
+
+
+def test_reserved_class_names_are_every_capitalised_name_the_module_defines() -> None:
+    from fsmc.validate import RESERVED_CAMEL
+
+    module = GENERATED / "job" / "fsm_job.py"
+    defined = set()
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    capitalised = {n for n in defined if n[:1].isupper()} - {"Job"}
+    assert capitalised == RESERVED_CAMEL
+
+
+@pytest.mark.parametrize("name", ["i_n_i_t_i_a_l", "t_r_a_n_s_i_t_i_o_n_s", "connection", "key_error"])
+def test_machine_names_whose_class_would_replace_a_module_name_are_refused(name: str, fsmc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = tmp_path / "m.yaml"
+    spec.write_text((GENERATED.parent / "specs" / "runner.yaml").read_text().replace("machine: runner", f"machine: {name}"))
+    ran = fsmc("check", spec)
+    assert ran.code == 1 and "[bad-name]" in ran.err and ran.err.count("\n") == 1

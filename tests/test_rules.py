@@ -234,3 +234,11 @@ def test_every_problem_is_reported_in_one_run() -> None:
         ("unknown-event", 12, 27),
         ("unknown-state", 9, 13),
     ]
+
+
+def test_a_misspelt_top_level_key_is_one_diagnostic_not_a_flood() -> None:
+    found, _, messages = run(BASE.replace("states:", "@stats:"))
+    assert [c for c, _, _ in found] == ["schema"], messages  # "missing states" is implied
+    assert any("did you mean 'states'" in m for m in messages)
+    found, _, messages = run(BASE.replace("events:", "@evnts:"))
+    assert [c for c, _, _ in found] == ["schema"], messages
