@@ -182,3 +182,8 @@ def html_comment(text: str) -> str:
     while "--" in folded:
         folded = folded.replace("--", "-&#45;")
     return folded
+
+
+def dot_id(text: str) -> str:
+    """A double-quoted Graphviz DOT identifier equal to `text`."""
+    return '"' + fold(text).replace("\\", "\\\\").replace('"', '\\"') + '"'

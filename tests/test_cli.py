@@ -199,7 +199,7 @@ def test_graph_prints_mermaid_and_dot(fsmc) -> None:  # type: ignore[no-untyped-
     assert ran.code == 0 and ran.out.startswith("stateDiagram-v2\n")
     assert "    queued --> claimed: claim\n" in ran.out
     ran = fsmc("graph", JOB, "--format", "dot")
-    assert ran.code == 0 and ran.out.startswith("digraph job {")
+    assert ran.code == 0 and ran.out.startswith('digraph "job" {')
     assert '"queued" -> "claimed" [label="claim"];' in ran.out
 
 
@@ -245,3 +245,13 @@ def test_the_installed_entry_point_runs_without_a_traceback(tmp_path) -> None:
     )
     assert done.returncode == 1
     assert "[unknown-event]" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_graph_refuses_names_that_would_become_diagram_syntax(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = JOB.read_text().replace("  queued: accepted", '  "x --> y: hacked": accepted')
+    spec = spec.replace("initial: queued", 'initial: "x --> y: hacked"')
+    spec = spec.replace("{from: queued,", '{from: "x --> y: hacked",')
+    spec = spec.replace("to: queued", 'to: "x --> y: hacked"')
+    for fmt in ("mermaid", "dot"):
+        ran = fsmc("graph", write(tmp_path, "evil.yaml", spec), "--format", fmt)
+        assert ran.code == 1 and ran.out == "" and "[bad-name]" in ran.err

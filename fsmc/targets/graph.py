@@ -1,17 +1,19 @@
 """`fsmc graph`: the diagram alone, as Mermaid (the .mmd body) or Graphviz DOT.
 
 A spec with rule errors (a trap, an unreachable state) still draws: the picture is
-how one sees the problem. Only a spec whose names do not resolve cannot be drawn.
+how one sees the problem. A spec whose names do not resolve, or break the naming
+rule (they would become diagram syntax), is not drawn.
 """
 
 from __future__ import annotations
 
+from fsmc.escape import dot_id
 from fsmc.model import Machine
 from fsmc.targets import mermaid
 
 BLOCKING = frozenset(
-    {"yaml-syntax", "limit", "duplicate-key", "schema", "duplicate-name", "unknown-state",
-     "unknown-event"}
+    {"yaml-syntax", "limit", "duplicate-key", "schema", "bad-name", "duplicate-name",
+     "unknown-state", "unknown-event"}
 )  # fmt: skip
 
 
@@ -23,12 +25,13 @@ def render(machine: Machine, fmt: str) -> str:
 
 def dot(machine: Machine) -> str:
     m = machine
-    lines = [f"digraph {m.name} {{", "    rankdir=LR;", '    "[*]" [shape=point];']
+    start = dot_id("[*]")
+    lines = [f"digraph {dot_id(m.name)} {{", "    rankdir=LR;", f"    {start} [shape=point];"]
     for s in m.state_names:
         shape = "doublecircle" if s in m.terminal_names else "ellipse"
-        lines.append(f'    "{s}" [shape={shape}];')
-    lines.append(f'    "[*]" -> "{m.initial}";')
+        lines.append(f"    {dot_id(s)} [shape={shape}];")
+    lines.append(f"    {start} -> {dot_id(str(m.initial))};")
     for s, e, t in m.edges:
-        lines.append(f'    "{s}" -> "{t}" [label="{e}"];')
+        lines.append(f"    {dot_id(s)} -> {dot_id(t)} [label={dot_id(e)}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
