@@ -137,15 +137,20 @@ def _build(args: argparse.Namespace) -> int:
     from fsmc import output
     from fsmc.targets import generate
 
-    results = [_checked(arg) for arg in args.specs]
+    specs = list(dict.fromkeys(args.specs))  # overlapping globs name a spec twice
+    results = [_checked(arg) for arg in specs]
     _print_diagnostics([d for r in results for d in r.diagnostics], args.format)
-    if not all(r.ok(strict=args.strict) for r in results):
+    if not all(r.ok() for r in results):
         print("fsmc: nothing written: the specs have errors", file=sys.stderr)
+        return EXIT_ERRORS
+    if not all(r.ok(strict=True) for r in results) and args.strict:
+        print("fsmc: nothing written: the specs have warnings (--strict)", file=sys.stderr)
         return EXIT_ERRORS
     files: dict[str, str] = {}
     owners: dict[str, str] = {}
-    for arg, result in zip(args.specs, results, strict=True):
+    for arg, result in zip(specs, results, strict=True):
         machine = result.machine
+        assert machine is not None  # ok() says so
         if machine.name in owners:
             raise Trouble(
                 f"{owners[machine.name]} and {arg} both define machine '{machine.name}'"
@@ -155,14 +160,16 @@ def _build(args: argparse.Namespace) -> int:
         for warning in generated.warnings:
             print(f"fsmc: warning: {warning}", file=sys.stderr)
         files.update(generated.files)
+    spec_paths = frozenset(r.machine.path for r in results if r.machine is not None)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise Trouble(f"{out}: not a directory")
     if args.check:
-        stale = output.compare(out, files)
+        stale = output.compare(out, files, spec_paths)
         if stale.current:
             return EXIT_OK
-        sys.stdout.write(stale.diff)
+        # The diff is for people; with --format json or github stdout stays parseable.
+        (sys.stdout if args.format == "text" else sys.stderr).write(stale.diff)
         for rel in stale.changed:
             print(f"fsmc: stale: {(out / rel).as_posix()}", file=sys.stderr)
         for rel in stale.missing:
@@ -172,7 +179,7 @@ def _build(args: argparse.Namespace) -> int:
         print("fsmc: generated files are out of date; run fsmc build", file=sys.stderr)
         return EXIT_ERRORS
     try:
-        output.write(out, files)
+        output.write(out, files, spec_paths)
     except OSError as exc:
         raise Trouble(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     return EXIT_OK
@@ -215,7 +222,29 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    raise Trouble("fsmc migrate is not built yet")
+    from fsmc import migrate, output
+
+    old, new = _checked(args.old), _checked(args.new)
+    broken = [(arg, r) for arg, r in ((args.old, old), (args.new, new)) if not r.ok()]
+    _print_diagnostics([d for _, r in ((args.old, old), (args.new, new)) for d in r.diagnostics], "text")
+    if broken:
+        names = " and ".join(arg for arg, _ in broken)
+        print(f"fsmc: nothing written: {names} {'has' if len(broken) == 1 else 'have'} errors",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_ERRORS
+    try:
+        script = migrate.migrate(old.machine, new.machine)
+    except migrate.Unsupported as exc:
+        raise Trouble(f"cannot migrate {args.old} to {args.new}: {exc}") from None
+    if args.out is None:
+        sys.stdout.write(script)
+        return EXIT_OK
+    path = Path(args.out)
+    try:  # written even when empty: a stale script from another pair must not survive
+        output.replace_atomically(path, script.encode("utf-8"), output.staging_dir(path.parent))
+    except OSError as exc:
+        raise Trouble(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    return EXIT_OK
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from fsmc.load import MAX_BYTES
 
@@ -35,14 +35,27 @@ def read(arg: str) -> Source:
     return Source(arg, PurePosixPath(path).as_posix(), _read_git(rev, path, arg))
 
 
+def project_root(start: Path) -> Path | None:
+    """The nearest folder at or above `start` that holds `.git`, if any."""
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
 def _header_path(arg: str) -> str:
-    absolute = os.path.abspath(arg)
+    """The spec's path as generated headers record it: relative to its repository's
+    root (so `fsmc build --check` agrees from any working directory), else to the
+    working directory; never absolute."""
+    absolute = Path(os.path.abspath(arg))
+    base = project_root(absolute.parent) or Path.cwd()
     try:
-        relative = os.path.relpath(absolute)
-    except ValueError:  # another drive, on Windows
-        relative = arg
+        return absolute.relative_to(base).as_posix()
+    except ValueError:
+        pass
+    relative = os.path.relpath(absolute) if absolute.drive == Path.cwd().drive else arg
     if relative.startswith(".."):
-        relative = os.path.basename(absolute) if os.path.isabs(arg) else arg
+        relative = absolute.name if os.path.isabs(arg) else arg
     return PurePosixPath(*relative.split(os.sep)).as_posix()
 
 

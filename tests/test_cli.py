@@ -255,3 +255,34 @@ def test_graph_refuses_names_that_would_become_diagram_syntax(fsmc, tmp_path) ->
     for fmt in ("mermaid", "dot"):
         ran = fsmc("graph", write(tmp_path, "evil.yaml", spec), "--format", fmt)
         assert ran.code == 1 and ran.out == "" and "[bad-name]" in ran.err
+
+
+def test_a_renamed_or_deleted_specs_folder_is_an_orphan(fsmc, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "job.yaml", JOB.read_text())
+    write(tmp_path, "runner.yaml", (SPECS / "runner.yaml").read_text())
+    write(tmp_path, "task.yaml", (SPECS / "task.yaml").read_text())
+    assert fsmc("build", "job.yaml", "runner.yaml", "task.yaml").code == 0
+    # A partial build leaves the other machines alone.
+    assert fsmc("build", "job.yaml", "--check").code == 0
+    # Renamed: task.yaml now defines `chore`; generated/task/ is no longer anyone's.
+    write(tmp_path, "task.yaml", (SPECS / "task.yaml").read_text().replace("machine: task", "machine: chore"))
+    ran = fsmc("build", "job.yaml", "runner.yaml", "task.yaml", "--check")
+    assert ran.code == 1 and "orphan: generated/task/fsm_task.py" in ran.err
+    # Deleted: runner.yaml is gone, so is its folder on the next build.
+    (tmp_path / "runner.yaml").unlink()
+    assert fsmc("build", "job.yaml", "task.yaml").code == 0
+    assert sorted(p.name for p in (tmp_path / "generated").iterdir() if any(p.iterdir())) == ["chore", "job"]
+    assert fsmc("build", "job.yaml", "task.yaml", "--check").code == 0
+
+
+def test_build_check_in_json_keeps_stdout_parseable(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    fsmc("build", JOB, "--out", out)
+    (out / "job" / "job.mmd").write_text("stale\n")
+    ran = fsmc("build", JOB, "--out", out, "--check", "--format", "json")
+    assert ran.code == 1 and json.loads(ran.out) == [] and "+++ b/" in ran.err
+
+
+def test_the_same_spec_named_twice_builds_once(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert fsmc("build", JOB, JOB, "--out", tmp_path / "out").code == 0
