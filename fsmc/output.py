@@ -71,7 +71,7 @@ def orphans(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset(
     """
     written = {p.split("/", 1)[0] for p in files}
     base = project_root(out.resolve()) or Path.cwd()
-    found = []
+    found: list[str] = []
     if not out.is_dir():
         return found
     for path in sorted(out.rglob("*")):

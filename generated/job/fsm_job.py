@@ -114,9 +114,9 @@ class IllegalTransition(Exception):
     state: State
     event: Event
 
-    def __init__(self, state: State, event: Event) -> None:
-        self.state = state
-        self.event = event
+    def __init__(self, state: State | str, event: Event | str) -> None:
+        self.state = state = _state(state)
+        self.event = event = _event(event)
         if state in TERMINAL:
             message = (
                 f"job is in terminal state {state.value!r}; "
@@ -161,7 +161,7 @@ def apply(state: State | str, event: Event | str) -> State:
     """
     try:
         return _TABLE[state, event]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: an unhashable argument
         pass
     raise IllegalTransition(_state(state), _event(event))
 
@@ -173,6 +173,10 @@ class Job:
     id: uuid.UUID
     state: State = INITIAL
     version: int = 0
+
+    def __post_init__(self) -> None:
+        # `Job(id, "queued")` holds State.QUEUED; an unknown state is a ValueError.
+        _SET_STATE(self, _state(self.state))
 
     def apply(self, event: Event | str) -> Job:
         """This job after `event`, at version + 1; `self` is left unchanged."""

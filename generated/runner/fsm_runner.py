@@ -87,9 +87,9 @@ class IllegalTransition(Exception):
     state: State
     event: Event
 
-    def __init__(self, state: State, event: Event) -> None:
-        self.state = state
-        self.event = event
+    def __init__(self, state: State | str, event: Event | str) -> None:
+        self.state = state = _state(state)
+        self.event = event = _event(event)
         if state in TERMINAL:
             message = (
                 f"runner is in terminal state {state.value!r}; "
@@ -134,7 +134,7 @@ def apply(state: State | str, event: Event | str) -> State:
     """
     try:
         return _TABLE[state, event]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: an unhashable argument
         pass
     raise IllegalTransition(_state(state), _event(event))
 
@@ -146,6 +146,10 @@ class Runner:
     id: int
     state: State = INITIAL
     version: int = 0
+
+    def __post_init__(self) -> None:
+        # `Runner(id, "queued")` holds State.QUEUED; an unknown state is a ValueError.
+        _SET_STATE(self, _state(self.state))
 
     def apply(self, event: Event | str) -> Runner:
         """This runner after `event`, at version + 1; `self` is left unchanged."""
