@@ -145,10 +145,10 @@ def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | Non
         wanted = expected if isinstance(expected, list) else [expected]
         names = " or ".join(_TYPE_NAMES.get(str(t), str(t)) for t in wanted)
         hint = ""
-        if "string" in wanted and isinstance(error.instance, (bool, int, float)) or (
-            "string" in wanted and error.instance is None
-        ):
-            hint = "; quote it to use it as a name"
+        scalar = error.instance is None or isinstance(error.instance, (bool, int, float))
+        if "string" in wanted and scalar:
+            # A name (string only) or free text (string or null, e.g. a description).
+            hint = "; quote it to use it as a name" if "null" not in wanted else "; quote it"
         return _diag(
             doc, position_of(doc.root, parts),
             f"{where}: expected {names}, got {describe_value(error.instance)}{hint}",
