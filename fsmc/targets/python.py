@@ -4,7 +4,7 @@ and `transition()`, which calls the database function of the SQL target."""
 from __future__ import annotations
 
 from fsmc.model import Machine
-from fsmc.targets import sqlstate
+from fsmc.targets import sql, sqlstate
 from fsmc.targets.common import header_context, module_name
 from fsmc.templating import render
 
@@ -47,7 +47,7 @@ def context(machine: Machine) -> dict[str, object]:
         "transitions": [(member(s), member(e), member(t)) for s, e, t in m.edges],
         "id_type": ID_TYPES[m.postgres.id_type],
         "uses_uuid": m.postgres.id_type == "uuid",
-        "apply_function": f"{m.name}_apply",
+        "apply_function": sql.Names.of(m).apply,
         "illegal_sqlstate": sqlstate.ILLEGAL_TRANSITION,
     }
 
