@@ -1,0 +1,782 @@
+"""`fsmc migrate` (contract section 6, issue 4) against the real PostgreSQL.
+
+For each pair of specs in tests/migrate_cases/: a database built from OLD's `.sql`
+(its own schema, owned by its own non-superuser role, tests/pg_scratch.py), filled
+through `<machine>_apply` with a row that took each of OLD's transitions and a row
+in each state, so the log has history; the migration run as that owner with
+`psql -v ON_ERROR_STOP=1`; then
+
+1. the catalog equals a fresh build of NEW's `.sql`: tables, columns, constraints
+   with their definitions, indexes, functions with their definitions, triggers,
+   sequences, owners and grants (schema and role names normalised; which
+   constraints are NOT VALID is compared apart, against what the history allows);
+2. contract 4.2 holds on the migrated database: tests/test_postgres.py's own tests
+   run on it, the old rows move on under NEW, and the log, read OLD-then-NEW,
+   replays to every row;
+3. every row and every event is still there, unchanged.
+
+The refusals leave the catalog and the data exactly as they were. Needs
+FSMC_PG_DSN (see tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from fsmc import migrate as migrate_module
+from fsmc.digest import machine_digest
+from fsmc.migrate import LOCK_TIMEOUT, Unsupported, identity_sequence, migrate
+from fsmc.model import Machine
+from fsmc.targets.sql import Names
+from tests import test_postgres as tp
+from tests.pg_scratch import Scratch, machine_from_text, states_reachable
+
+CASES = Path(__file__).resolve().parent / "migrate_cases"
+
+pytestmark = pytest.mark.skipif(shutil.which("psql") is None, reason="psql is not installed")
+
+
+def spec(case: str, name: str = "old") -> Machine:
+    path = CASES / case / f"{name}.yaml"
+    return machine_from_text(path.read_text(encoding="utf-8"), f"tests/migrate_cases/{case}/{name}.yaml")
+
+
+@contextmanager
+def built(dsn: str, machine: Machine) -> Iterator[Scratch]:
+    scratch = Scratch.create(dsn, machine)
+    try:
+        yield scratch
+    finally:
+        scratch.drop()
+
+
+@dataclass
+class Migrated(Scratch):
+    """A scratch schema migrated to `machine` from earlier ones. `past` holds, for each
+    earlier machine in order, the version each row had when the database left it:
+    the log replays a row under each machine in turn (test_postgres's tests call
+    `replay_problems` on it)."""
+
+    past: tuple[tuple[Machine, dict[Any, int]], ...] = ()
+
+    def replay_problems(self, conn: psycopg.Connection[Any]) -> list[str]:
+        problems = []
+        rows = conn.execute(self.q("SELECT id, state, state_version FROM {table}")).fetchall()
+        for row_id, state, version in rows:
+            eras = [(m, versions[row_id]) for m, versions in self.past if row_id in versions]
+            eras.append((self.machine, version))
+            current, at = str(eras[0][0].initial), 0
+            for v, frm, event, to, _actor in self.events_of(conn, row_id):
+                m = next(m for m, upto in eras if v <= upto)
+                if v != at + 1 or frm != current or m.table.get((frm, event)) != to:
+                    problems.append(f"{row_id}: event {v} {frm}-{event}->{to} after {current}@{at}")
+                current, at = to, v
+            if (current, at) != (state, version):
+                problems.append(f"{row_id}: log replays to {current}@{at}, row is {state}@{version}")
+        return problems
+
+
+def migrated(db: Scratch, new: Machine, *past: tuple[Machine, dict[Any, int]]) -> Migrated:
+    # Shares the connection list, so db.drop() closes its connections too.
+    return Migrated(db.dsn, new, db.role, db.schema, db.sql_text, db._open, past)
+
+
+# --- running a script ---------------------------------------------------------------
+
+
+def psql(db: Scratch, script: str, *, search_path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `script` as the schema's owner, as the module docstring says to."""
+    conninfo = make_conninfo(db.dsn, user=db.role, options=f"-c search_path={search_path or db.schema}")
+    return subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", conninfo],
+                          input=script, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def migrate_ok(db: Scratch, script: str) -> str:
+    ran = psql(db, script)
+    assert ran.returncode == 0, ran.stderr
+    assert "ERROR" not in ran.stderr and "WARNING" not in ran.stderr, ran.stderr
+    return ran.stderr
+
+
+def refused(db: Scratch, script: str, **kwargs: Any) -> str:
+    ran = psql(db, script, **kwargs)
+    assert ran.returncode != 0, ran.stderr
+    assert "ERROR" in ran.stderr, ran.stderr
+    return ran.stderr
+
+
+# --- filling a database ---------------------------------------------------------------
+
+
+def walk_out(machine: Machine, start: str, keep: set[str]) -> list[str]:
+    """Events of a shortest walk from `start` to a state in `keep`."""
+    seen: dict[str, list[str]] = {start: []}
+    queue = deque([start])
+    while queue:
+        here = queue.popleft()
+        if here in keep:
+            return seen[here]
+        for (source, event), to in machine.table.items():
+            if source == here and to not in seen:
+                seen[to] = seen[here] + [event]
+                queue.append(to)
+    raise AssertionError(f"no walk from {start} into {sorted(keep)}")
+
+
+def fill(db: Scratch, *, keep: set[str] | None = None) -> None:
+    """A row that took each transition, a row in each state, a newborn row; then, with
+    `keep`, rows outside it walked on until they are in it (through _apply: history)."""
+    m = db.machine
+    with db.connect() as conn:
+        for source, event, _target in m.edges:
+            row_id, version = db.row_at(conn, source)
+            assert db.apply(conn, row_id, event, version, actor="history",
+                            payload=f'{{"edge": "{source} {event}"}}') == version + 1  # fmt: skip
+            conn.commit()
+        for state in states_reachable(m):
+            db.row_at(conn, state)
+        db.new_row(conn)
+        conn.commit()
+        if keep is None:
+            return
+        for row_id, state, version in conn.execute(db.q("SELECT id, state, state_version FROM {table}")).fetchall():
+            for event in walk_out(m, state, keep):
+                version = db.apply(conn, row_id, event, version, actor="history")
+        conn.commit()
+
+
+@dataclass(frozen=True)
+class Data:
+    rows: dict[Any, tuple[Any, ...]]  # id -> (state, state_version, claimed_by, claimed_at, heartbeat_at)
+    events: list[tuple[Any, ...]]  # every column, in key order
+
+    @property
+    def versions(self) -> dict[Any, int]:
+        return {row_id: row[1] for row_id, row in self.rows.items()}
+
+
+def data(db: Scratch, machine: Machine) -> Data:
+    n = Names.of(machine)
+    claims = "claimed_by, claimed_at, heartbeat_at" if machine.lease else "NULL, NULL, NULL"
+    with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
+        rows = conn.execute(f"SELECT id, state, state_version, {claims} FROM {n.table}".encode()).fetchall()
+        events = conn.execute(f"SELECT {n.id_column}, version, from_state, event, to_state, actor, at,"
+                              f" payload FROM {n.events_table} ORDER BY 1, 2".encode()).fetchall()  # fmt: skip
+    return Data({r[0]: tuple(r[1:]) for r in rows}, [tuple(e) for e in events])
+
+
+# --- the catalog ----------------------------------------------------------------------
+
+CATALOG = {
+    "relations": """
+        SELECT c.relname, c.relkind, c.relpersistence, c.reloptions, pg_get_userbyid(c.relowner),
+               c.relacl::text
+        FROM pg_class c WHERE c.relnamespace = %(ns)s::regnamespace""",
+    "columns": """
+        SELECT c.relname, row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
+               format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid),
+               a.attidentity, a.attgenerated, a.attcollation::regcollation::text
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE c.relnamespace = %(ns)s::regnamespace AND c.relkind = 'r'
+          AND a.attnum > 0 AND NOT a.attisdropped""",
+    "constraints": """
+        SELECT c.relname, k.conname, k.contype, pg_get_constraintdef(k.oid), k.condeferrable,
+               k.condeferred, k.connoinherit
+        FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
+        WHERE k.connamespace = %(ns)s::regnamespace""",
+    "indexes": """
+        SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indisprimary, i.indisvalid
+        FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+        WHERE c.relnamespace = %(ns)s::regnamespace""",
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid),
+               pg_get_userbyid(p.proowner), p.proacl::text
+        FROM pg_proc p WHERE p.pronamespace = %(ns)s::regnamespace""",
+    "triggers": """
+        SELECT t.tgname, c.relname, pg_get_triggerdef(t.oid), t.tgenabled, t.tgdeferrable,
+               t.tginitdeferred
+        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        WHERE c.relnamespace = %(ns)s::regnamespace AND NOT t.tgisinternal""",
+    "sequences": """
+        SELECT c.relname, format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement, s.seqmax,
+               s.seqmin, s.seqcache, s.seqcycle, t.relname, a.attname, d.deptype
+        FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid
+        JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                        AND d.refclassid = 'pg_class'::regclass
+        JOIN pg_class t ON t.oid = d.refobjid
+        JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = d.refobjsubid
+        WHERE c.relnamespace = %(ns)s::regnamespace""",
+    "types": """
+        SELECT t.typname, t.typtype FROM pg_type t
+        WHERE t.typnamespace = %(ns)s::regnamespace AND t.typtype NOT IN ('c', 'b')""",
+}
+
+
+@dataclass(frozen=True)
+class Catalog:
+    objects: dict[str, list[tuple[Any, ...]]]
+    not_valid: frozenset[str]  # constraints not validated
+
+
+def catalog(db: Scratch) -> Catalog:
+    """The schema as the catalog describes it, with schema and role names normalised
+    (a search_path that does not reach the schema makes every name qualified)."""
+
+    def normal(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace(db.schema, "SCHEMA").replace(db.role, "OWNER").removesuffix(" NOT VALID")
+        if isinstance(value, list):
+            return [normal(v) for v in value]
+        return value
+
+    objects: dict[str, list[tuple[Any, ...]]] = {}
+    with psycopg.connect(db.dsn, options="-c search_path=pg_catalog") as conn:
+        for kind, query in CATALOG.items():
+            rows = conn.execute(query.encode(), {"ns": db.schema}).fetchall()
+            objects[kind] = sorted((tuple(normal(v) for v in r) for r in rows), key=repr)
+        not_valid = conn.execute("SELECT conname FROM pg_constraint WHERE NOT convalidated"
+                                 " AND connamespace = %s::regnamespace", (db.schema,)).fetchall()  # fmt: skip
+    return Catalog(objects, frozenset(n for (n,) in not_valid))
+
+
+def assert_same_schema(got: Catalog, want: Catalog) -> None:
+    for kind in CATALOG:
+        assert got.objects[kind] == want.objects[kind], kind
+
+
+# --- the behaviours of contract 4.2, from tests/test_postgres.py -----------------------
+
+BEHAVIOURS: list[Callable[[Scratch], None]] = [
+    tp.test_no_enum_type_states_are_text_with_a_check,
+    tp.test_every_event_column_is_not_null_but_payload,
+    tp.test_a_row_is_born_in_the_initial_state_at_version_0,
+    tp.test_a_row_cannot_be_born_in_any_other_state_or_version,
+    tp.test_apply_moves_along_every_transition_and_appends_its_event,
+    tp.test_apply_refuses_every_illegal_pair_naming_state_and_event,
+    tp.test_apply_raises_on_an_unknown_event_and_an_unknown_id,
+    tp.test_apply_checks_the_version_before_the_event,
+    tp.test_a_direct_update_to_an_undeclared_state_fails_the_check,
+    tp.test_a_direct_update_along_an_edge_the_spec_lacks_fails,
+    tp.test_a_direct_update_out_of_a_terminal_state_fails,
+    tp.test_a_state_change_must_bump_state_version_by_exactly_one,
+    tp.test_a_state_change_without_its_event_row_fails_at_commit,
+    tp.test_an_event_row_without_its_state_change_fails_at_commit,
+    tp.test_the_event_log_admits_only_the_specs_triples,
+    tp.test_the_event_log_is_unique_per_row_and_version,
+    tp.test_the_event_log_refuses_update_delete_and_truncate,
+    tp.test_writes_that_leave_the_state_alone_pass_untouched,
+    tp.test_the_schema_records_the_machine_digest,
+]
+LEASE_BEHAVIOURS: list[Callable[[Scratch], None]] = [
+    tp.test_lease_bookkeeping_on_every_transition,
+    tp.test_heartbeat_is_fenced_by_version_and_lease_state,
+    tp.test_reclaim_moves_every_stale_lease_row_and_nothing_else,
+    tp.test_the_reclaim_index_is_partial_over_the_lease_states_and_does_not_cover_heartbeat,
+]
+
+
+def behaves_as_contract_4_2(db: Migrated) -> None:
+    for behaviour in BEHAVIOURS + (LEASE_BEHAVIOURS if db.machine.lease else []):
+        behaviour(db)
+    with db.connect() as conn:
+        assert db.replay_problems(conn) == []
+
+
+def old_rows_move_on(db: Migrated, before: Data) -> None:
+    """Every row from before the migration takes each of NEW's transitions out of its
+    state (rolled back), then one for good (committed); an undeclared event is refused."""
+    m = db.machine
+    moved = 0
+    with db.connect() as conn:
+        for row_id, (state, version, *_claims) in before.rows.items():
+            events = [e for (s, e) in m.table if s == state]
+            for event in events:
+                assert db.apply(conn, row_id, event, version, actor="after") == version + 1
+                assert db.row(conn, row_id) == (m.table[state, event], version + 1)
+                conn.rollback()
+            for event in (e for e in m.event_names if (state, e) not in m.table):
+                with pytest.raises(psycopg.IntegrityError):
+                    db.apply(conn, row_id, event, version)
+                conn.rollback()
+            if events:
+                assert db.apply(conn, row_id, events[-1], version, actor="after") == version + 1
+                conn.commit()
+                moved += 1
+        assert moved > 0
+        assert db.replay_problems(conn) == []
+
+
+def old_triples_are_refused_as_new_events(db: Migrated, old: Machine) -> None:
+    """Where NEW dropped a transition, the (possibly NOT VALID) CHECK still refuses it."""
+    gone = [t for t in old.edges if t not in set(db.machine.edges)]
+    with db.connect() as conn:
+        row_id, version = db.row_at(conn, str(db.machine.initial))
+        for triple in gone:
+            error = tp.refused(conn, db.q(
+                "INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"
+                " VALUES (%s, %s, %s, %s, %s, 'dba')"), (row_id, version + 1, *triple))  # fmt: skip
+            assert tp.sqlstate_of(error) == "23514", (triple, error)
+
+
+def claims_after(old: Machine, new: Machine, before: Data, after: Data, started: Any) -> None:
+    """The claim columns: kept where the state's lease status is kept, cleared where
+    it ends, a heartbeat from the migration where it starts (see fsmc.migrate)."""
+    held_before = {str(s) for s in old.lease.states} if old.lease else set()
+    held_after = {str(s) for s in new.lease.states} if new.lease else set()
+    for row_id, (state, _version, *claims) in before.rows.items():
+        now = after.rows[row_id][2:]
+        if not new.lease:
+            assert now == (None, None, None)
+        elif state not in held_after:
+            assert now == (None, None, None) if state in held_before else tuple(claims), state
+        elif state in held_before:
+            assert now == tuple(claims), state
+        else:
+            assert now[:2] == (None, None) and now[2] is not None and now[2] >= started, state
+
+
+# --- the migrations -------------------------------------------------------------------
+
+MIGRATING = [
+    "added_state", "removed_transition", "retargeted_transition", "made_terminal",
+    "changed_initial", "added_event", "removed_event", "removed_state", "lease_added",
+    "lease_removed", "lease_changed", "renamed_tables",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", MIGRATING)
+def test_a_migrated_database_is_a_fresh_build_of_new_holding_every_row_and_event(
+    pg_dsn: str, case: str
+) -> None:
+    old, new = spec(case, "old"), spec(case, "new")
+    script = migrate(old, new)
+    with built(pg_dsn, old) as db, built(pg_dsn, new) as fresh:
+        fill(db, keep=set(new.state_names))
+        before, unmigrated = data(db, old), catalog(db)
+        with db.connect() as conn:
+            started = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        notices = migrate_ok(db, script)
+
+        # (1) The schema is NEW's, and the comparison can tell: OLD's was not.
+        got, want = catalog(db), catalog(fresh)
+        assert_same_schema(got, want)
+        assert unmigrated.objects != want.objects
+        assert want.not_valid == frozenset()
+        history = {(e[2], e[3], e[4]) for e in before.events}
+        spared = [e for e in before.events if (e[2], e[3], e[4]) not in set(new.edges)]
+        triple_check = Names.of(new).triple_check
+        assert got.not_valid == ({triple_check} if spared else set()), (history - set(new.edges))
+        if spared:
+            assert f"NOTICE:  fsmc migrate: {len(spared)} events of" in notices, notices
+        else:
+            assert "NOTICE" not in notices, notices
+
+        # (3) Every row and every event, unchanged (the claim columns as documented).
+        after = data(db, new)
+        assert after.events == before.events
+        assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
+        claims_after(old, new, before, after, started)
+
+        # (2) Contract 4.2 on the migrated database, old rows included.
+        db2 = migrated(db, new, (old, before.versions))
+        old_triples_are_refused_as_new_events(db2, old)
+        old_rows_move_on(db2, before)
+        behaves_as_contract_4_2(db2)
+
+
+def test_the_cases_cover_what_migrate_must_handle() -> None:
+    # Each case does what its name says (so a spec edit cannot quietly empty one).
+    from fsmc.diff import compare
+
+    def changes(case: str) -> Any:
+        return compare(spec(case, "old"), spec(case, "new"))
+
+    assert [n.name for n in changes("added_state").states.added] == ["cancelled"]
+    assert [(e.source, e.event) for e in changes("removed_transition").removed] == [("paused", "abandon")]
+    assert [(r.old_target, r.new_target) for r in changes("retargeted_transition").retargeted] == [("queued", "claimed")]
+    assert [n.name for n in changes("made_terminal").terminals.added] == ["failed"]
+    assert changes("changed_initial").initial is not None
+    assert [n.name for n in changes("added_event").events.added] == ["expedite"]
+    assert [n.name for n in changes("removed_event").events.removed] == ["retry"]
+    assert [n.name for n in changes("removed_state").states.removed] == ["paused"]
+    assert spec("lease_added").lease is None and spec("lease_added", "new").lease is not None
+    assert spec("lease_removed").lease is not None and spec("lease_removed", "new").lease is None
+    assert spec("lease_removed").postgres.id_type == "text"
+    assert {o.name for o in changes("lease_changed").options} == {"lease.states"}
+    assert {o.name for o in changes("renamed_tables").options} == {"postgres.table", "postgres.events_table"}
+    assert spec("renamed_tables").postgres.id_type == "bigint"
+    for case in MIGRATING:
+        assert migrate(spec(case, "old"), spec(case, "new")), case
+
+
+# --- no migration -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["identical", "reordered"])
+def test_specs_that_build_the_same_schema_need_no_migration(pg_dsn: str, case: str) -> None:
+    old, new = spec(case, "old"), spec(case, "new")
+    assert migrate(old, new) == ""
+    assert machine_digest(old) == machine_digest(new)
+    # The database OLD built already is NEW's: its digest, and NEW's behaviour.
+    with built(pg_dsn, old) as db:
+        fill(db)
+        before = data(db, old)
+        behaves_as_contract_4_2(migrated(db, new, (old, before.versions)))
+
+
+def test_reordered_is_more_than_identical() -> None:
+    old, new = (CASES / "reordered" / f"{n}.yaml" for n in ("old", "new"))
+    assert old.read_text() != new.read_text()
+    assert spec("reordered", "old").state_names != spec("reordered", "new").state_names
+
+
+# --- refusals -----------------------------------------------------------------------------
+
+
+def snapshot(db: Scratch, machine: Machine) -> tuple[Catalog, Data]:
+    return catalog(db), data(db, machine)
+
+
+def test_removing_a_state_rows_are_in_is_refused_naming_state_and_count(pg_dsn: str) -> None:
+    old, new = spec("removed_state", "old"), spec("removed_state", "new")
+    with built(pg_dsn, old) as db:
+        fill(db)  # rows stay in paused: the one in it, and the one that paused
+        before = snapshot(db, old)
+        in_paused = sum(1 for state, *_ in before[1].rows.values() if state == "paused")
+        assert in_paused == 2
+        error = refused(db, migrate(old, new))
+        assert f'rows of jobs are still in: state "paused" ({in_paused} rows); nothing was changed' in error
+        assert "job_apply" in error  # the hint says how to empty the state
+        assert snapshot(db, old) == before
+        # Once the rows have moved on, the same script runs.
+        with db.connect() as conn:
+            for row_id, (state, version, *_claims) in before[1].rows.items():
+                if state == "paused":
+                    assert db.apply(conn, row_id, "resume", version) == version + 1
+            conn.commit()
+        migrate_ok(db, migrate(old, new))
+        assert catalog(db).objects == catalog_of(pg_dsn, new).objects
+
+
+TWO_STATES_GONE = """\
+fsmc: 1
+machine: job
+initial: queued
+states: [queued, claimed, running, completed, abandoned]
+terminals: [completed, abandoned]
+events: [claim, start, finish, reclaim, abandon]
+transitions:
+  - {from: queued, event: claim, to: claimed}
+  - {from: queued, event: abandon, to: abandoned}
+  - {from: claimed, event: start, to: running}
+  - {from: [claimed, running], event: reclaim, to: queued}
+  - {from: running, event: finish, to: completed}
+lease: {states: [claimed, running], reclaim: reclaim}
+postgres: {table: jobs, events_table: job_events, id_type: uuid}
+"""
+
+
+def test_the_refusal_names_each_removed_state_with_its_count(pg_dsn: str) -> None:
+    # One row: "1 row", not "1 rows"; two states, in OLD's order.
+    old = spec("removed_state", "old")
+    new = machine_from_text(TWO_STATES_GONE)
+    assert set(old.state_names) - set(new.state_names) == {"paused", "failed"}
+    with built(pg_dsn, old) as db:
+        with db.connect() as conn:
+            db.row_at(conn, "failed")
+            db.row_at(conn, "paused")
+            db.row_at(conn, "paused")
+        before = snapshot(db, old)
+        error = refused(db, migrate(old, new))
+        assert 'still in: state "paused" (2 rows), state "failed" (1 row); nothing was changed' in error
+        assert snapshot(db, old) == before
+
+
+def catalog_of(dsn: str, machine: Machine) -> Catalog:
+    with built(dsn, machine) as fresh:
+        return catalog(fresh)
+
+
+def test_a_database_built_from_another_machine_is_refused(pg_dsn: str) -> None:
+    other = machine_from_text((CASES / "added_state" / "old.yaml").read_text().replace("machine: job", "machine: jab")
+                              .replace("table: jobs", "table: jabs").replace("events_table: job_events", "events_table: jab_events"))  # fmt: skip
+    with built(pg_dsn, other) as db:
+        before = snapshot(db, other)
+        error = refused(db, migrate(spec("added_state"), spec("added_state", "new")))
+        assert 'no job_fsmc_digest() on the search_path' in error and 'machine "job"' in error, error
+        assert "nothing was changed" in error
+        assert snapshot(db, other) == before
+
+
+def test_a_database_built_from_another_version_of_the_spec_is_refused(pg_dsn: str) -> None:
+    built_from = spec("removed_transition", "new")
+    old, new = spec("added_state"), spec("added_state", "new")
+    with built(pg_dsn, built_from) as db:
+        fill(db)
+        before = snapshot(db, built_from)
+        error = refused(db, migrate(old, new))
+        assert f"built from machine digest {machine_digest(built_from)}, not from the old spec's" \
+               f" ({machine_digest(old)}); nothing was changed" in error  # fmt: skip
+        assert "generate the migration from the spec this database was built from" in error
+        assert snapshot(db, built_from) == before
+
+
+def test_running_a_migration_twice_refuses_the_second_time(pg_dsn: str) -> None:
+    old, new = spec("added_state"), spec("added_state", "new")
+    with built(pg_dsn, old) as db:
+        fill(db)
+        migrate_ok(db, migrate(old, new))
+        before = snapshot(db, new)
+        error = refused(db, migrate(old, new))
+        assert "already at the new spec: there is nothing to migrate" in error
+        assert snapshot(db, new) == before
+
+
+def test_a_search_path_that_would_create_objects_elsewhere_is_refused(pg_dsn: str) -> None:
+    old, new = spec("lease_added"), spec("lease_added", "new")
+    with built(pg_dsn, old) as db:
+        before = snapshot(db, old)
+        error = refused(db, migrate(old, new), search_path=f"public,{db.schema}")
+        assert f"machine is in schema {db.schema}, but new objects would be created in public" in error
+        assert snapshot(db, old) == before
+
+
+def test_a_lock_not_granted_in_time_changes_nothing(pg_dsn: str) -> None:
+    old, new = spec("added_state"), spec("added_state", "new")
+    assert f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';" in migrate(old, new)
+    with built(pg_dsn, old) as db:
+        fill(db)
+        before = snapshot(db, old)
+        with db.connect() as reader:
+            reader.execute(db.q("SELECT count(*) FROM {table}"))  # holds ACCESS SHARE
+            started = time.monotonic()
+            error = refused(db, migrate(old, new, lock_timeout="200ms"))
+            assert time.monotonic() - started < 5
+            reader.rollback()
+        assert "canceling statement due to lock timeout" in error
+        assert snapshot(db, old) == before
+
+
+def test_of_two_migrations_run_at_once_the_second_refuses(pg_dsn: str) -> None:
+    old, new = spec("added_state"), spec("added_state", "new")
+    script = migrate(old, new)
+    with built(pg_dsn, old) as db:
+        fill(db)
+        with db.connect() as blocker, concurrent.futures.ThreadPoolExecutor(2) as pool:
+            blocker.execute(db.q("LOCK TABLE {table} IN ACCESS SHARE MODE"))
+            runs = [pool.submit(psql, db, script) for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while waiting(db) < 2:  # both past the first digest check, waiting for the lock
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            blocker.rollback()
+            results = sorted((r.result(timeout=30) for r in runs), key=lambda r: r.returncode)
+        assert [r.returncode for r in results][0] == 0 and results[1].returncode != 0
+        assert "already at the new spec" in results[1].stderr, results[1].stderr
+        assert catalog(db).objects == catalog_of(pg_dsn, new).objects
+
+
+def waiting(db: Scratch) -> int:
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s"
+                           " AND wait_event_type = 'Lock'", (db.role,)).fetchone()  # fmt: skip
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("case, message", [
+    ("id_type_changed", "postgres.id_type changes from uuid to text"),
+    ("swapped_tables", "NEW gives names OLD used to other objects (job_events, job_events_pkey, jobs, jobs_pkey)"),
+])  # fmt: skip
+def test_unsupported_option_changes_are_refused_before_any_sql(case: str, message: str) -> None:
+    with pytest.raises(Unsupported, match=re.escape(message)):
+        migrate(spec(case, "old"), spec(case, "new"))
+
+
+# --- renaming a state, as the module docstring says --------------------------------------
+
+
+def test_renaming_a_state_in_two_releases_keeps_the_log_replayable(pg_dsn: str) -> None:
+    v1, v2, v3 = (spec("rename_state", v) for v in ("v1", "v2", "v3"))
+    assert "rename_paused" not in migrate_module.__doc__.split("Renaming a state")[0]  # type: ignore[union-attr]
+    with built(pg_dsn, v1) as db:
+        fill(db)
+        at_v1 = data(db, v1)
+        migrate_ok(db, migrate(v1, v2))
+        # Release 2 cannot ship while rows are still in paused...
+        paused = [r for r, (state, *_rest) in at_v1.rows.items() if state == "paused"]
+        assert paused
+        before = snapshot(db, v2)
+        error = refused(db, migrate(v2, v3))
+        assert f'state "paused" ({len(paused)} rows)' in error
+        assert snapshot(db, v2) == before
+        # ... so the sweep of the docstring moves them, each with its own event row.
+        with psycopg.connect(db.dsn, user=db.role, options=f"-c search_path={db.schema}") as conn:
+            moved = conn.execute("SELECT job_apply(id, 'rename_paused', state_version, 'release 1.5')"
+                                 " FROM jobs WHERE state = 'paused'").fetchall()  # fmt: skip
+        assert len(moved) == len(paused) and all(v is not None for (v,) in moved)
+        at_v2 = data(db, v2)
+        notices = migrate_ok(db, migrate(v2, v3))
+        assert "stays NOT VALID" in notices
+        assert catalog(db).objects == catalog_of(pg_dsn, v3).objects
+        after = data(db, v3)
+        assert after.events == at_v2.events  # the history, as it was
+        for row_id in paused:
+            assert after.rows[row_id][0] == "on_hold"
+            last = [e for e in after.events if e[0] == row_id][-1]
+            assert (last[2], last[3], last[4], last[5]) == ("paused", "rename_paused", "on_hold", "release 1.5")
+        db3 = migrated(db, v3, (v1, at_v1.versions), (v2, at_v2.versions))
+        with db3.connect() as conn:
+            assert db3.replay_problems(conn) == []
+        old_rows_move_on(db3, after)
+        behaves_as_contract_4_2(db3)
+
+
+def test_a_state_cannot_be_renamed_in_place(pg_dsn: str) -> None:
+    # Why the recipe is needed: the database itself refuses the shortcut.
+    v2 = spec("rename_state", "v2")
+    with built(pg_dsn, v2) as db, db.connect() as conn:
+        row_id, _version = db.row_at(conn, "paused")
+        error = tp.refused(conn, db.q("UPDATE {table} SET state = 'on_hold' WHERE id = %s"), (row_id,))
+        assert tp.sqlstate_of(error) == "23F04"
+        error = tp.refused(conn, db.q("UPDATE {events} SET to_state = 'on_hold'"))
+        assert tp.sqlstate_of(error) == "23F06"
+
+
+# --- the script -----------------------------------------------------------------------------
+
+
+# What the script does, in the order the module docstring gives: the first statement
+# of each kind (at the start of a line: function bodies are indented) comes after the
+# previous kind's, in every case that has both.
+ORDER = [r"BEGIN;", r"SET LOCAL lock_timeout", r"DO \$fsmc\$\nDECLARE", r"    LOCK TABLE",
+         r"ALTER TABLE \S+ RENAME TO", r"ALTER TABLE \S+ ADD COLUMN", r"ALTER TABLE .* SET DEFAULT",
+         r"ALTER TABLE \S+ SET \(", r"UPDATE ", r"CREATE INDEX",
+         r"ALTER TABLE .* NOT VALID;$", r"CREATE OR REPLACE FUNCTION", r"CREATE (CONSTRAINT )?TRIGGER",
+         r"(    )?ALTER TABLE \S+ VALIDATE CONSTRAINT", r"DROP FUNCTION", r"ALTER TABLE \S+ DROP COLUMN",
+         r"ALTER TABLE \S+ RESET \(", r"CREATE OR REPLACE FUNCTION \S+_fsmc_digest\(\)", r"COMMIT;"]  # fmt: skip
+
+
+def first(pattern: str, script: str) -> int | None:
+    found = re.search("^" + pattern, script, re.MULTILINE)
+    return None if found is None else found.start()
+
+
+@pytest.mark.parametrize("case", MIGRATING)
+def test_the_script_is_one_transaction_that_expands_before_it_contracts(case: str) -> None:
+    script = migrate(spec(case, "old"), spec(case, "new"))
+    assert len(re.findall(r"^(BEGIN|COMMIT);$", script, re.MULTILINE)) == 2
+    assert first("BEGIN;", script) == first(r"[^-\n]", script)  # nothing runs before it
+    assert script.endswith("\nCOMMIT;\n")
+    found = [(p, at) for p in ORDER if (at := first(p, script)) is not None]
+    assert [at for _, at in found] == sorted(at for _, at in found), [p for p, _ in found]
+    assert re.search(r"CREATE OR REPLACE FUNCTION", script[first(ORDER[-2], script) + 1 :]) is None  # type: ignore[operator]
+
+
+def test_every_step_of_the_script_is_exercised_by_some_case() -> None:
+    scripts = "\n".join(migrate(spec(case, "old"), spec(case, "new")) for case in MIGRATING)
+    for pattern in ORDER + [r"    EXECUTE format\('ALTER SEQUENCE", r"ALTER TABLE \S+ RENAME CONSTRAINT",
+                            r"ALTER INDEX \S+ RENAME", r"DROP INDEX", r"DROP TRIGGER", r"ALTER TABLE \S+ SET \(fillfactor",
+                            r"    RAISE NOTICE .*stays NOT VALID"]:  # fmt: skip
+        assert first(pattern, scripts) is not None, pattern
+
+
+def test_the_script_is_deterministic_and_records_both_specs() -> None:
+    old, new = spec("added_state"), spec("added_state", "new")
+    script = migrate(old, new)
+    assert script == migrate(old, new)
+    assert script.startswith("-- Code generated by fsmc migrate from tests/migrate_cases/added_state/old.yaml"
+                             " to tests/migrate_cases/added_state/new.yaml. DO NOT EDIT.\n")  # fmt: skip
+    for text in (old.sha256, new.sha256, machine_digest(old), machine_digest(new), "+ state cancelled"):
+        assert text in script
+
+
+def test_identity_sequence_names_follow_postgresql(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for table in ("t", "work_items", "x" * 54, "y" * 55, "z" * 63):
+            schema = f"fsmc_seq_{uuid.uuid4().hex[:12]}"
+            conn.execute(f"CREATE SCHEMA {schema}".encode())
+            try:
+                conn.execute(f"CREATE TABLE {schema}.{table} (id bigint GENERATED BY DEFAULT AS IDENTITY)".encode())
+                got = conn.execute("SELECT pg_get_serial_sequence(%s, 'id')", (f"{schema}.{table}",)).fetchone()
+                assert got == (f"{schema}.{identity_sequence(table, 'id')}",), table
+            finally:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE".encode())
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+def test_cli_prints_the_script_and_writes_it_atomically_with_out(
+    fsmc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(CASES.parent.parent)  # headers name specs relative to the working directory
+    old, new = CASES / "added_state" / "old.yaml", CASES / "added_state" / "new.yaml"
+    ran = fsmc("migrate", old, new)
+    assert ran.code == 0 and ran.err == ""
+    assert ran.out == migrate(spec("added_state"), spec("added_state", "new"))
+    target = tmp_path / "migrate.sql"
+    target.write_text("stale")
+    ran = fsmc("migrate", old, new, "--out", target)
+    assert (ran.code, ran.out, ran.err) == (0, "", "")
+    assert target.read_text() == fsmc("migrate", old, new).out
+    assert os.listdir(tmp_path) == ["migrate.sql"]  # nothing staged beside it
+    same = CASES / "identical" / "old.yaml"
+    assert (r := fsmc("migrate", same, same)).code == 0 and r.out == "" and r.err == ""
+    ran = fsmc("migrate", same, CASES / "reordered" / "new.yaml", "--out", target)
+    assert ran.code == 0 and target.read_text() == ""  # the stale script does not survive
+
+
+def test_cli_exit_codes(fsmc: Any, tmp_path: Path) -> None:
+    good = CASES / "added_state" / "old.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("initial: queued", "initial: queud"))
+    target = tmp_path / "out.sql"
+    ran = fsmc("migrate", good, bad, "--out", target)
+    assert ran.code == 1 and "unknown-state" in ran.err and "nothing written" in ran.err
+    assert not target.exists()
+    for case in ("id_type_changed", "swapped_tables"):
+        ran = fsmc("migrate", CASES / case / "old.yaml", CASES / case / "new.yaml", "--out", target)
+        assert ran.code == 2 and ran.err.startswith("fsmc: error: cannot migrate"), ran
+        assert not target.exists()
+    other = tmp_path / "other.yaml"
+    other.write_text(good.read_text().replace("machine: job", "machine: jab"))
+    ran = fsmc("migrate", good, other)
+    assert ran.code == 2 and "a renamed machine is a new one" in ran.err
+    assert fsmc("migrate", good, tmp_path / "missing.yaml").code == 2
+    assert fsmc("migrate", good, good, "--out", tmp_path / "no" / "dir.sql").code == 2
+
+
+def test_cli_reads_old_from_git(fsmc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    monkeypatch.chdir(tmp_path)
+    spec_path = tmp_path / "job.yaml"
+    spec_path.write_text((CASES / "added_state" / "old.yaml").read_text())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], check=True)
+    subprocess.run(git + ["add", "job.yaml"], check=True)
+    subprocess.run(git + ["commit", "-qm", "v1"], check=True)
+    spec_path.write_text((CASES / "added_state" / "new.yaml").read_text())
+    ran = fsmc("migrate", "HEAD:job.yaml", "job.yaml")
+    assert ran.code == 0, ran
+    assert ran.out == migrate(spec("added_state"), spec("added_state", "new")).replace(
+        "tests/migrate_cases/added_state/old.yaml", "job.yaml").replace(
+        "tests/migrate_cases/added_state/new.yaml", "job.yaml")  # fmt: skip
