@@ -64,6 +64,11 @@ CREATE TABLE job_events (
 CREATE INDEX jobs_lease_idx ON jobs (state)
     WHERE state IN ('claimed', 'running');
 
+-- Every function finds its tables in the schema it was created in (search_path FROM
+-- CURRENT), whatever the caller's search_path. Those that look rows up by key also
+-- turn seq scans off: PL/pgSQL keeps a session's plan, and one made while a table was
+-- nearly empty (a fresh deployment) would scan it whole until the next ANALYZE.
+
 -- The machine this schema was built from (fsmc.digest): read by `fsmc migrate`.
 CREATE FUNCTION job_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -78,6 +83,7 @@ CREATE FUNCTION job_apply(
 ) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
@@ -160,6 +166,7 @@ $fsmc$;
 CREATE FUNCTION job_heartbeat(id uuid, expected_version bigint) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 BEGIN
@@ -226,10 +233,8 @@ END
 $fsmc$;
 
 -- Defense in depth: writes that bypass job_apply (a manual UPDATE during an
--- incident) still keep to the spec. The rules live in each trigger's WHEN clause,
--- which PostgreSQL evaluates inline; the functions only run for a write that breaks
--- one, to say which. A legal move pays no function call, a heartbeat not even the
--- clause's state tests.
+-- incident) still keep to the spec. Each trigger's WHEN clause lets through, without
+-- a function call, every write the rule has nothing to say about.
 
 CREATE FUNCTION job_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
@@ -247,10 +252,20 @@ FOR EACH ROW
 WHEN (NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0)
 EXECUTE FUNCTION job_guard_insert();
 
+-- The rules live in the function, not in the WHEN clause: PostgreSQL rebuilds a
+-- WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for
+-- the session, and the spec's lists are the costly part.
 CREATE FUNCTION job_guard_update() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
+    IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"queued","claimed","running","paused","completed","failed","abandoned"}'::text[])) THEN
+        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
+    END IF;
+    IF NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
+        AND (OLD.state || ' ' || NEW.state) = ANY ('{"queued claimed","claimed running","claimed queued","running queued","running completed","running failed","running paused","paused running","paused abandoned","failed queued","failed abandoned"}'::text[]) THEN
+        RETURN NEW;  -- along one of the spec's edges (none leaves a terminal)
+    END IF;
     IF OLD.state = ANY ('{"completed","abandoned"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = format('job %s is in terminal state "%s"; nothing may move it (to state "%s")',
@@ -270,21 +285,17 @@ BEGIN
 END
 $fsmc$;
 
--- Fires for a write that changes state or state_version into a declared state (an
--- undeclared or NULL one is the CHECK's and NOT NULL's to refuse, with their own
--- SQLSTATEs) other than along one of the spec's edges with the version bumped by
--- exactly one. Terminal states have no edges out.
+-- WHEN: a write that leaves state and state_version alone (a heartbeat) never
+-- reaches the function.
 CREATE TRIGGER job_guard_update BEFORE UPDATE ON jobs
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
-      AND NEW.state = ANY ('{"queued","claimed","running","paused","completed","failed","abandoned"}'::text[])
-      AND NOT (NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
-               AND (OLD.state || ' ' || NEW.state) = ANY ('{"queued claimed","claimed running","claimed queued","running queued","running completed","running failed","running paused","paused running","paused abandoned","failed queued","failed abandoned"}'::text[])))
+WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
 EXECUTE FUNCTION job_guard_update();
 
 CREATE FUNCTION job_check_logged() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM job_events AS e
@@ -311,6 +322,7 @@ EXECUTE FUNCTION job_check_logged();
 CREATE FUNCTION job_check_event() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM jobs AS t

@@ -61,6 +61,11 @@ CREATE TABLE task_events (
 CREATE INDEX tasks_lease_idx ON tasks (state)
     WHERE state IN ('acquired', 'working');
 
+-- Every function finds its tables in the schema it was created in (search_path FROM
+-- CURRENT), whatever the caller's search_path. Those that look rows up by key also
+-- turn seq scans off: PL/pgSQL keeps a session's plan, and one made while a table was
+-- nearly empty (a fresh deployment) would scan it whole until the next ANALYZE.
+
 -- The machine this schema was built from (fsmc.digest): read by `fsmc migrate`.
 CREATE FUNCTION task_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -75,6 +80,7 @@ CREATE FUNCTION task_apply(
 ) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
@@ -156,6 +162,7 @@ $fsmc$;
 CREATE FUNCTION task_heartbeat(id text, expected_version bigint) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 BEGIN
@@ -222,10 +229,8 @@ END
 $fsmc$;
 
 -- Defense in depth: writes that bypass task_apply (a manual UPDATE during an
--- incident) still keep to the spec. The rules live in each trigger's WHEN clause,
--- which PostgreSQL evaluates inline; the functions only run for a write that breaks
--- one, to say which. A legal move pays no function call, a heartbeat not even the
--- clause's state tests.
+-- incident) still keep to the spec. Each trigger's WHEN clause lets through, without
+-- a function call, every write the rule has nothing to say about.
 
 CREATE FUNCTION task_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
@@ -243,10 +248,20 @@ FOR EACH ROW
 WHEN (NEW.state IS DISTINCT FROM 'new' OR NEW.state_version IS DISTINCT FROM 0)
 EXECUTE FUNCTION task_guard_insert();
 
+-- The rules live in the function, not in the WHEN clause: PostgreSQL rebuilds a
+-- WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for
+-- the session, and the spec's lists are the costly part.
 CREATE FUNCTION task_guard_update() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
+    IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[])) THEN
+        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
+    END IF;
+    IF NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
+        AND (OLD.state || ' ' || NEW.state) = ANY ('{"new acquired","acquired working","acquired new","working done","acquired failed","working failed","failed new","failed dead"}'::text[]) THEN
+        RETURN NEW;  -- along one of the spec's edges (none leaves a terminal)
+    END IF;
     IF OLD.state = ANY ('{"done","dead"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = format('task %s is in terminal state "%s"; nothing may move it (to state "%s")',
@@ -266,21 +281,17 @@ BEGIN
 END
 $fsmc$;
 
--- Fires for a write that changes state or state_version into a declared state (an
--- undeclared or NULL one is the CHECK's and NOT NULL's to refuse, with their own
--- SQLSTATEs) other than along one of the spec's edges with the version bumped by
--- exactly one. Terminal states have no edges out.
+-- WHEN: a write that leaves state and state_version alone (a heartbeat) never
+-- reaches the function.
 CREATE TRIGGER task_guard_update BEFORE UPDATE ON tasks
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
-      AND NEW.state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[])
-      AND NOT (NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
-               AND (OLD.state || ' ' || NEW.state) = ANY ('{"new acquired","acquired working","acquired new","working done","acquired failed","working failed","failed new","failed dead"}'::text[])))
+WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
 EXECUTE FUNCTION task_guard_update();
 
 CREATE FUNCTION task_check_logged() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM task_events AS e
@@ -307,6 +318,7 @@ EXECUTE FUNCTION task_check_logged();
 CREATE FUNCTION task_check_event() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM tasks AS t
