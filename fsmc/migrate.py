@@ -355,14 +355,19 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> dict[str, object]:
         "removed_states": sql_text_array(removed_states) if removed_states else None,
         "renames": renames,
         "tables": tables,
-        "drop_indexes_first": [i for i in mid_indexes if i in new_indexes and mid_indexes[i].text != new_indexes[i].text],
+        # An index NEW defines otherwise is dropped and built again (a predicate cannot change).
+        "drop_indexes_first": [i for i, s in mid_indexes.items() if new_indexes.get(i, s) != s],
         "create_indexes": [s.text for i, s in new_indexes.items() if mid_indexes.get(i) != s],
         "lease_start": sql_text_array(lease_start) if lease_start else None,
         "lease_end": sql_text_array(lease_end) if lease_end else None,
         "functions": [_or_replace(s.text) for s in new_functions.values()],
-        "triggers": [(s.name, s.trigger_table, s.text, s.name in mid_triggers) for s in new_triggers.values()],
+        "triggers": [
+            (s.name, s.trigger_table, s.text, s.name in mid_triggers) for s in new_triggers.values()
+        ],
         "drop_functions": [f for f in mid_functions if f not in new_functions and f != names.digest],
-        "drop_triggers": [(t, s.trigger_table) for t, s in mid_triggers.items() if t not in new_triggers],
+        "drop_triggers": [
+            (t, s.trigger_table) for t, s in mid_triggers.items() if t not in new_triggers
+        ],
         "drop_indexes": [i for i in mid_indexes if i not in new_indexes],
         "digest_function": _or_replace(digest.text),
     }

@@ -7,7 +7,9 @@ This reads fsmc's own output, whose layout the SQL target fixes: a statement sta
 at the beginning of a line; every line between statements is blank or a `--`
 comment (spec text reaches the file only through those comments and through
 literals inside statements); function bodies are quoted with `$fsmc$`; a statement
-ends with `;` at the end of a line outside those quotes. A statement this module
+ends with `;` at the end of a line outside those quotes and outside a `--` comment
+(comments may also sit inside a statement; a table's parts are read without them).
+A statement this module
 does not know (a kind other than CREATE TABLE, INDEX, FUNCTION, [CONSTRAINT]
 TRIGGER) is a bug of ours, raised as an AssertionError: the migration tests run
 every kind the target emits, so a new kind fails them before it reaches a user.
@@ -61,7 +63,7 @@ def statements(text: str) -> list[Statement]:
         lines.append(line)
         if line.count(DOLLAR_QUOTE) % 2:
             quoted = not quoted
-        if not quoted and line.rstrip().endswith(";"):
+        if not quoted and line.rstrip().endswith(";") and not line.lstrip().startswith("--"):
             out.append(_statement("\n".join(lines)))
             lines = []
     assert not lines, f"a statement runs past the end of the file: {lines[0][:80]!r}"
@@ -77,7 +79,7 @@ def _statement(text: str) -> Statement:
 def table(statement: Statement) -> Table:
     """The columns, constraints and storage parameters of a CREATE TABLE."""
     assert statement.kind == "table", statement.text[:80]
-    text = statement.text
+    text = _uncommented(statement.text)
     start = text.index("(")
     end = _closing(text, start)
     columns: list[tuple[str, str]] = []
@@ -111,6 +113,26 @@ def unquote(ident: str) -> str:
     if ident.startswith('"'):
         return ident[1:-1].replace('""', '"')
     return ident
+
+
+def _uncommented(text: str) -> str:
+    """`text` without its `--` comments (those outside quotes)."""
+    out: list[str] = []
+    quote: str | None = None
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote is None and text.startswith("--", i):
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+            continue
+        if quote is not None and ch == quote:
+            quote = None
+        elif quote is None and ch in "'\"":
+            quote = ch
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 def _tokens(text: str) -> list[tuple[int, str]]:
