@@ -12,23 +12,29 @@ What the file builds, and why it is shaped so:
   version 0. A BEFORE UPDATE trigger, which fires only when `state` or
   `state_version` changes (its WHEN clause keeps heartbeat writes away from it, so
   they pay nothing), refuses an edge the spec lacks, a move out of a terminal, and
-  a version that is not the old one plus one. An undeclared state is left to the
+  a version that is not the old one plus one; an undeclared state is left to the
   CHECK (23514), as the contract says. A DEFERRABLE INITIALLY DEFERRED constraint
-  trigger checks at COMMIT that every state change has its event row.
+  trigger checks at COMMIT that every state change has its event row. The spec's
+  lists live in PL/pgSQL, which keeps compiled expressions for the session, and in
+  CHECKs as one `text[]` constant each: PostgreSQL rebuilds a CHECK or WHEN clause
+  for every statement, and an IN list of literals made that the dearest part of a
+  write.
 - E (the event log): every column NOT NULL but `payload`, primary key
   (<machine>_id, version), a CHECK over the spec's (from, event, to) triples,
   UPDATE / DELETE / TRUNCATE refused by triggers, and a deferred trigger that
   refuses at COMMIT an event row recording a move its row did not make. Together
   with the check on T, the log and the row's version history match one to one,
   which is what makes the log replay to the row.
-- `<machine>_apply`: one statement (a data-modifying CTE) that moves the row under
-  `state_version = expected_version`, joined with the spec's table as a VALUES list,
-  and appends the event row. Under READ COMMITTED a concurrent mover makes it wait,
-  then re-check the version on the new row (EvalPlanQual) and match nothing: of two
-  calls with one expected version, exactly one wins. Only when nothing matched does a
-  second statement find out why, in the order the contract fixes: unknown id raises,
-  a different version returns NULL (checked before the event), then unknown event
-  and illegal transition raise.
+- `<machine>_apply`: one round trip, a tight sequence in PL/pgSQL. It reads the row
+  by id (none: 23F03), compares its version with `expected_version` before looking
+  at the event (different: NULL, nothing changed), looks the move up in the spec's
+  table compiled into the function as a CASE (unknown event: 23F02; no move:
+  23F01, naming state and event), then UPDATEs under `state_version =
+  expected_version AND state = <read state>` and appends the event row. Under READ
+  COMMITTED a concurrent mover makes the UPDATE wait, then re-check that WHERE on
+  the row the winner left (EvalPlanQual), whose version no longer matches: it moves
+  nothing and returns NULL, so of two calls at one version exactly one wins. (One
+  data-modifying CTE for the whole move measured slower than this sequence.)
 - With `lease`: the claim bookkeeping is part of that same UPDATE; the partial index
   for reclaim is keyed on `state` over the lease states only, so a heartbeat (which
   changes only `heartbeat_at`) touches no indexed column and stays a HOT update; the
@@ -39,7 +45,9 @@ What the file builds, and why it is shaped so:
   once), then moves them and appends their events, all in one statement.
 - `<machine>_fsmc_digest()` returns `fsmc.digest.machine_digest` (see there).
 - Every function pins `search_path` to the schema it was created in (`SET search_path
-  FROM CURRENT`), so it finds its own tables whatever the caller's path is.
+  FROM CURRENT`), so it finds its own tables whatever the caller's path is; those
+  that look rows up by key also set `enable_seqscan = off`, since a session keeps the
+  plan it made while a fresh table was nearly empty.
 
 SQLSTATEs are `fsmc.targets.sqlstate`'s. Every state and event name reaches SQL as a
 literal through `sql_str`; every identifier through `sql_ident`, derived names
