@@ -211,7 +211,9 @@ BEGIN
         SELECT t.id, t.state
         FROM jobs AS t
         WHERE t.state IN ('claimed', 'running')
-          AND t.heartbeat_at < now() - job_reclaim.older_than
+          -- No heartbeat at all (a row born in a lease state, or moved into one by
+          -- hand) is as stale as can be: otherwise nothing could ever reclaim it.
+          AND coalesce(t.heartbeat_at, '-infinity') < now() - job_reclaim.older_than
         FOR UPDATE SKIP LOCKED
     ), moved AS (
         UPDATE jobs AS t

@@ -207,7 +207,9 @@ BEGIN
         SELECT t.id, t.state
         FROM tasks AS t
         WHERE t.state IN ('acquired', 'working')
-          AND t.heartbeat_at < now() - task_reclaim.older_than
+          -- No heartbeat at all (a row born in a lease state, or moved into one by
+          -- hand) is as stale as can be: otherwise nothing could ever reclaim it.
+          AND coalesce(t.heartbeat_at, '-infinity') < now() - task_reclaim.older_than
         FOR UPDATE SKIP LOCKED
     ), moved AS (
         UPDATE tasks AS t
