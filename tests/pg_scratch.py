@@ -159,14 +159,20 @@ class Scratch:
         conn.commit()
         return row_id, version
 
+    def eras_of(self, row_id: Any, version: int) -> list[tuple[Machine, int]]:
+        """The machines a row's events were written under, each with the last version
+        it wrote (a migrated database has more than one)."""
+        return [(self.machine, version)]
+
     def replay_problems(self, conn: psycopg.Connection[Any]) -> list[str]:
         """Rows whose event log does not replay to their state and version."""
-        m = self.machine
         problems = []
         rows = conn.execute(self.q("SELECT id, state, state_version FROM {table}")).fetchall()
         for row_id, state, version in rows:
-            current, at = str(m.initial), 0
+            eras = self.eras_of(row_id, version)
+            current, at = str(eras[0][0].initial), 0
             for v, frm, event, to, _actor in self.events_of(conn, row_id):
+                m = next(m for m, upto in eras if v <= upto)
                 if v != at + 1 or frm != current or m.table.get((frm, event)) != to:
                     problems.append(f"{row_id}: event {v} {frm}-{event}->{to} after {current}@{at}")
                 current, at = to, v
