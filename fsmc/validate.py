@@ -63,26 +63,10 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 def bad_name(m: Machine) -> Iterator[Diagnostic]:
     name = m.name
     problem = _name_problem(name, NAME, NAME_MAX)
+    if problem is None:
+        problem = _machine_name_problem(name)
     if problem:
         yield _at(m, name, "bad-name", f"machine name '{name}' {problem}")
-    elif keyword.iskeyword(name) or keyword.iskeyword(camel(name)):
-        yield _at(
-            m, name, "bad-name",
-            f"machine name '{name}' cannot be used: '{name}' or its class name "
-            f"'{camel(name)}' is a Python keyword",
-        )  # fmt: skip
-    elif camel(name) in RESERVED_CAMEL:
-        yield _at(
-            m, name, "bad-name",
-            f"machine name '{name}' cannot be used: its class name '{camel(name)}' "
-            f"collides with the generated module's own {camel(name)}",
-        )  # fmt: skip
-    elif camel(name) in BUILTIN_CAMEL:
-        yield _at(
-            m, name, "bad-name",
-            f"machine name '{name}' cannot be used: its class name '{camel(name)}' "
-            f"would shadow Python's built-in {camel(name)} in the generated module",
-        )  # fmt: skip
     for kind, decls in (("state", m.states), ("event", m.events)):
         for d in decls:
             problem = _name_problem(d.name, NAME, NAME_MAX)
@@ -99,6 +83,21 @@ def bad_name(m: Machine) -> Iterator[Diagnostic]:
             m, m.postgres.events_table, "bad-name",
             f"postgres.events_table '{m.postgres.events_table}' is the same as postgres.table",
         )  # fmt: skip
+
+
+def _machine_name_problem(name: str) -> str | None:
+    """Why a well-formed machine name still cannot name a generated module's class."""
+    cls = camel(name)
+    if keyword.iskeyword(name) or keyword.iskeyword(cls):
+        return f"cannot be used: '{name}' or its class name '{cls}' is a Python keyword"
+    if cls in RESERVED_CAMEL:
+        return f"cannot be used: its class name '{cls}' collides with the generated module's own {cls}"
+    if cls in BUILTIN_CAMEL:
+        return (
+            f"cannot be used: its class name '{cls}' would shadow Python's built-in {cls} "
+            "in the generated module"
+        )
+    return None
 
 
 def _name_problem(name: str, pattern: re.Pattern[str], limit: int) -> str | None:
