@@ -164,6 +164,12 @@ def _build(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise Trouble(f"{out}: not a directory")
+    for folder in output.abandoned(out, files, spec_paths):
+        print(
+            f"fsmc: warning: {(out / folder).as_posix()} was generated from a spec that no "
+            "longer exists; delete it if the machine is gone",
+            file=sys.stderr,
+        )
     if args.check:
         stale = output.compare(out, files, spec_paths)
         if stale.current:
@@ -241,7 +247,7 @@ def _migrate(args: argparse.Namespace) -> int:
         return EXIT_OK
     path = Path(args.out)
     try:  # written even when empty: a stale script from another pair must not survive
-        output.replace_atomically(path, script.encode("utf-8"), output.staging_dir(path.parent))
+        output.replace_atomically(path, script.encode("utf-8"), path.parent)
     except OSError as exc:
         raise Trouble(f"cannot write {args.out}: {exc.strerror or exc}") from None
     return EXIT_OK
