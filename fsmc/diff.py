@@ -245,8 +245,16 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
     return tuple(
         Option(name, before[name], value, not (gained_lease and name.startswith("lease.")))
         for name, value in after.items()
-        if before[name] != value
+        if _key(name, before[name]) != _key(name, value)
     )
+
+
+def _key(name: str, value: str | None) -> object:
+    # The lease states are a set: listing them in another order changes nothing
+    # (and `fsmc migrate` agrees: the machine digest sorts them).
+    if name == "lease.states" and value is not None:
+        return frozenset(value.split(", "))
+    return value
 
 
 def _descriptions(old: Machine, new: Machine) -> Descriptions:

@@ -373,3 +373,13 @@ def test_the_markdown_diagram_parses_in_real_mermaid_and_draws_the_changes() -> 
         expected |= {(e.source, e.target, f"{e.event} (removed)") for e in c.removed}
         assert set(result.edges) == expected, case
         assert len(result.edges) == len(expected), case
+
+
+def test_lease_states_in_another_order_are_no_change(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    job = (ROOT / "specs" / "job.yaml").read_text()
+    assert "  states: [claimed, running]\n" in job
+    new = tmp_path / "job.yaml"
+    new.write_text(job.replace("  states: [claimed, running]\n", "  states: [running, claimed]\n"))
+    ran = fsmc("diff", ROOT / "specs" / "job.yaml", new)
+    assert (ran.code, ran.out) == (0, "machine job: no changes\n")
+    assert fsmc("migrate", ROOT / "specs" / "job.yaml", new).out == ""
