@@ -15,7 +15,11 @@ from collections.abc import Iterable
 
 # Printable ASCII without the two characters a Python "..." literal must escape.
 _PLAIN_ASCII = re.compile(r"[ !#-\[\]-~]*")
-_MD_PUNCT = frozenset("\\`*_{}[]<>()#+-.!|~&\"'=:$^@%")
+# Characters with a meaning anywhere in a line of GitHub Markdown: emphasis, code,
+# links and images, HTML and entities, table cells, strikethrough, math.
+_MD_INLINE = frozenset("\\`*_[]<>|~&$")
+# A line that starts like a block (a list, a heading, a quote, a rule) must not.
+_MD_BLOCK_START = re.compile(r"[-+*#>=]|\d+[.)]")
 
 
 def fold(text: str) -> str:
@@ -173,7 +177,12 @@ def mermaid_comment(text: str) -> str:
 
 def md_text(text: str) -> str:
     """Markdown text that renders as `text`, literally, on one line (tables included)."""
-    return "".join("\\" + ch if ch in _MD_PUNCT else ch for ch in fold(text))
+    escaped = "".join("\\" + ch if ch in _MD_INLINE else ch for ch in fold(text))
+    start = _MD_BLOCK_START.match(escaped)
+    if start:  # escape the punctuation that makes it a block (`1\.`, `\-`, `\#`)
+        end = start.end()
+        escaped = escaped[: end - 1] + "\\" + escaped[end - 1 :]
+    return escaped
 
 
 def html_comment(text: str) -> str:
