@@ -86,29 +86,32 @@ def test_the_module_uses_only_the_standard_library(name: str) -> None:
     assert module.stem not in sys.stdlib_module_names
 
 
-def test_editing_one_table_entry_makes_the_generated_suite_fail(tmp_path: Path) -> None:
+def suite_after_editing(tmp_path: Path, entry: str, replacement: str) -> str:
+    """The generated job suite's output after replacing `entry` (found once) in its
+    module; asserts the suite failed."""
     folder = copy_machine("job", tmp_path)
     module = folder / "fsm_job.py"
     text = module.read_text()
-    entry = "(State.RUNNING, Event.FINISH): State.COMPLETED,"
     assert text.count(entry) == 1
-    module.write_text(text.replace(entry, "(State.RUNNING, Event.FINISH): State.FAILED,"))
+    module.write_text(text.replace(entry, replacement))
     done = pytest_on(folder)
     assert done.returncode == 1, done.stdout
-    assert "test_the_table_is_exactly_the_specs" in done.stdout
-    assert "test_every_declared_transition" in done.stdout
+    return done.stdout
+
+
+def test_editing_one_table_entry_makes_the_generated_suite_fail(tmp_path: Path) -> None:
+    out = suite_after_editing(
+        tmp_path,
+        "(State.RUNNING, Event.FINISH): State.COMPLETED,",
+        "(State.RUNNING, Event.FINISH): State.FAILED,",
+    )
+    assert "test_the_table_is_exactly_the_specs" in out
+    assert "test_every_declared_transition" in out
 
 
 def test_removing_one_table_entry_makes_the_generated_suite_fail(tmp_path: Path) -> None:
-    folder = copy_machine("job", tmp_path)
-    module = folder / "fsm_job.py"
-    text = module.read_text()
-    entry = "            (State.FAILED, Event.RETRY): State.QUEUED,\n"
-    assert text.count(entry) == 1
-    module.write_text(text.replace(entry, ""))
-    done = pytest_on(folder)
-    assert done.returncode == 1, done.stdout
-    assert "test_the_table_is_exactly_the_specs" in done.stdout
+    out = suite_after_editing(tmp_path, "            (State.FAILED, Event.RETRY): State.QUEUED,\n", "")
+    assert "test_the_table_is_exactly_the_specs" in out
 
 
 SEED_TEST = '''
