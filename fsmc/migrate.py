@@ -370,6 +370,8 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> dict[str, object]:
         ],
         "drop_indexes": [i for i in mid_indexes if i not in new_indexes],
         "digest_function": _or_replace(digest.text),
+        # CREATE OR REPLACE drops a function's settings: pin every function again.
+        "pin": sql_target.pin_search_path(sql_target.function_names(new)),
     }
 
 

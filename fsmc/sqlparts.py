@@ -71,6 +71,8 @@ def statements(text: str) -> list[Statement]:
 
 
 def _statement(text: str) -> Statement:
+    if text.startswith("DO $fsmc$"):
+        return Statement("do", "", text)  # the search_path pin; migrate runs its own
     head = _HEAD.match(text)
     assert head is not None, f"fsmc migrate does not know this kind of statement: {text[:80]!r}"
     return Statement(head["kind"].removeprefix("CONSTRAINT ").lower(), head["name"], text)

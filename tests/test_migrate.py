@@ -699,7 +699,7 @@ def test_the_script_is_one_transaction_that_expands_before_it_contracts(case: st
 
 def test_every_step_of_the_script_is_exercised_by_some_case() -> None:
     scripts = "\n".join(migrate(spec(case, "old"), spec(case, "new")) for case in MIGRATING)
-    for pattern in ORDER + [r"    EXECUTE format\('ALTER SEQUENCE", r"ALTER TABLE \S+ RENAME CONSTRAINT",
+    for pattern in ORDER + [r"    EXECUTE pg_catalog\.format\('ALTER SEQUENCE", r"ALTER TABLE \S+ RENAME CONSTRAINT",
                             r"ALTER INDEX \S+ RENAME", r"DROP INDEX", r"DROP TRIGGER", r"ALTER TABLE \S+ SET \(fillfactor",
                             r"    RAISE NOTICE .*stays NOT VALID"]:  # fmt: skip
         assert first(pattern, scripts) is not None, pattern

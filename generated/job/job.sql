@@ -32,7 +32,7 @@
 -- its event row that do not match, 23F06 UPDATE/DELETE/TRUNCATE on the event log.
 
 CREATE TABLE jobs (
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    id uuid DEFAULT pg_catalog.gen_random_uuid() NOT NULL,
     state text NOT NULL DEFAULT 'queued',
     state_version bigint NOT NULL DEFAULT 0,
     claimed_by text,
@@ -52,7 +52,7 @@ CREATE TABLE job_events (
     event text NOT NULL,
     to_state text NOT NULL,
     actor text NOT NULL,
-    at timestamptz NOT NULL DEFAULT now(),
+    at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT job_events_pkey PRIMARY KEY (job_id, version),
     CONSTRAINT job_events_fkey FOREIGN KEY (job_id) REFERENCES jobs (id),
@@ -67,10 +67,15 @@ CREATE TABLE job_events (
 CREATE INDEX jobs_lease_idx ON jobs (state)
     WHERE state IN ('claimed', 'running');
 
--- Every function finds its tables in the schema it was created in (search_path FROM
--- CURRENT), whatever the caller's search_path. Those that look rows up by key also
--- turn seq scans off: PL/pgSQL keeps a session's plan, and one made while a table was
--- nearly empty (a fresh deployment) would scan it whole until the next ANALYZE.
+-- Every function, trigger functions included, runs with its search_path pinned to
+-- pg_catalog, the schema it was created in, and pg_temp last (the block at the end of
+-- this file): nothing a caller creates (a temporary table named like a table here, a
+-- function or operator in a schema on the caller's search_path) changes what it does,
+-- and built-ins are called by their pg_catalog names, since an exact-type overload in
+-- a schema others may create in would win over them whatever the order. Those that
+-- look rows up by key also turn seq scans off: PL/pgSQL keeps a session's plan, and
+-- one made while a table was nearly empty (a fresh deployment) would scan it whole
+-- until the next ANALYZE.
 
 -- The machine this schema was built from (fsmc.digest): read by `fsmc migrate`.
 CREATE FUNCTION job_fsmc_digest() RETURNS text
@@ -85,7 +90,6 @@ CREATE FUNCTION job_apply(
     payload jsonb DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
@@ -106,8 +110,8 @@ BEGIN
     FROM jobs AS t WHERE t.id = job_apply.id;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F03',
-            MESSAGE = format('job %s does not exist', job_apply.id),
-            DETAIL = format('id=%s', job_apply.id);
+            MESSAGE = pg_catalog.format('job %s does not exist', job_apply.id),
+            DETAIL = pg_catalog.format('id=%s', job_apply.id);
     END IF;
     -- The version before the event (contract 4.2): a caller who read an older
     -- version learns that someone moved the row first, whatever its event.
@@ -125,19 +129,19 @@ BEGIN
     IF v_to IS NULL THEN
         IF NOT (v_event = ANY ('{"claim","start","finish","error","pause","resume","reclaim","retry","abandon"}'::text[])) THEN
             RAISE EXCEPTION USING ERRCODE = '23F02',
-                MESSAGE = format('job %s: unknown event "%s"', job_apply.id, v_event),
-                DETAIL = format('event=%s', v_event),
+                MESSAGE = pg_catalog.format('job %s: unknown event "%s"', job_apply.id, v_event),
+                DETAIL = pg_catalog.format('event=%s', v_event),
                 HINT = 'the events are: claim, start, finish, error, pause, resume, reclaim, retry, abandon';
         ELSIF v_state = ANY ('{"completed","abandoned"}'::text[]) THEN
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = format('job %s is in terminal state "%s"; refusing event "%s"',
+                MESSAGE = pg_catalog.format('job %s is in terminal state "%s"; refusing event "%s"',
                                  job_apply.id, v_state, v_event),
-                DETAIL = format('state=%s event=%s', v_state, v_event);
+                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         ELSE
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = format('job %s has no transition from state "%s" on event "%s"',
+                MESSAGE = pg_catalog.format('job %s has no transition from state "%s" on event "%s"',
                                  job_apply.id, v_state, v_event),
-                DETAIL = format('state=%s event=%s', v_state, v_event);
+                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         END IF;
     END IF;
     v_was_held := v_state IN ('claimed', 'running');
@@ -151,8 +155,8 @@ BEGIN
         -- Into the lease from outside: claimed now, by this actor; within it: a fresh
         -- heartbeat; out of it: no claim at all (contract 4.2, "With lease").
         claimed_by = CASE WHEN v_held = v_was_held THEN t.claimed_by WHEN v_held THEN job_apply.actor END,
-        claimed_at = CASE WHEN v_held = v_was_held THEN t.claimed_at WHEN v_held THEN now() END,
-        heartbeat_at = CASE WHEN v_held THEN now() WHEN v_was_held THEN NULL ELSE t.heartbeat_at END
+        claimed_at = CASE WHEN v_held = v_was_held THEN t.claimed_at WHEN v_held THEN pg_catalog.now() END,
+        heartbeat_at = CASE WHEN v_held THEN pg_catalog.now() WHEN v_was_held THEN NULL ELSE t.heartbeat_at END
     WHERE t.id = job_apply.id
       AND t.state_version = job_apply.expected_version
       AND t.state = v_state;
@@ -168,14 +172,13 @@ $fsmc$;
 
 CREATE FUNCTION job_heartbeat(id uuid, expected_version bigint) RETURNS boolean
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 BEGIN
     -- Fenced by the version: a worker whose row was reclaimed (or moved by anyone)
     -- cannot keep it alive. Only heartbeat_at changes, so the update stays HOT.
-    UPDATE jobs AS t SET heartbeat_at = now()
+    UPDATE jobs AS t SET heartbeat_at = pg_catalog.now()
     WHERE t.id = job_heartbeat.id
       AND t.state_version = job_heartbeat.expected_version
       AND t.state IN ('claimed', 'running');
@@ -185,8 +188,8 @@ BEGIN
     PERFORM FROM jobs AS t WHERE t.id = job_heartbeat.id;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F03',
-            MESSAGE = format('job %s does not exist', job_heartbeat.id),
-            DETAIL = format('id=%s', job_heartbeat.id);
+            MESSAGE = pg_catalog.format('job %s does not exist', job_heartbeat.id),
+            DETAIL = pg_catalog.format('id=%s', job_heartbeat.id);
     END IF;
     RETURN false;
 END
@@ -194,13 +197,19 @@ $fsmc$;
 
 CREATE FUNCTION job_reclaim(older_than interval, actor text) RETURNS SETOF uuid
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $fsmc$
 #variable_conflict use_column
 BEGIN
     IF job_reclaim.older_than IS NULL OR job_reclaim.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'job_reclaim: older_than and actor must not be NULL';
+    END IF;
+    -- Zero or less would call every lease row stale, fresh heartbeats included.
+    IF job_reclaim.older_than <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = pg_catalog.format('job_reclaim: older_than must be a positive interval, not %s',
+                                        job_reclaim.older_than),
+            HINT = 'pass the heartbeat age past which a worker counts as dead, e.g. interval ''30 seconds''';
     END IF;
     -- One statement. The locking scan carries the staleness predicate, and under READ
     -- COMMITTED re-checks it on the newest version of a row that changed meanwhile: a
@@ -213,15 +222,15 @@ BEGIN
         WHERE t.state IN ('claimed', 'running')
           -- No heartbeat at all (a row born in a lease state, or moved into one by
           -- hand) is as stale as can be: otherwise nothing could ever reclaim it.
-          AND coalesce(t.heartbeat_at, '-infinity') < now() - job_reclaim.older_than
+          AND coalesce(t.heartbeat_at, '-infinity') < pg_catalog.now() - job_reclaim.older_than
         FOR UPDATE SKIP LOCKED
     ), moved AS (
         UPDATE jobs AS t
         SET state = x.to_state,
             state_version = t.state_version + 1,
             claimed_by = CASE x.lease WHEN 'enter' THEN job_reclaim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-            claimed_at = CASE x.lease WHEN 'enter' THEN now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'leave' THEN NULL WHEN 'none' THEN t.heartbeat_at ELSE now() END
+            claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+            heartbeat_at = CASE x.lease WHEN 'leave' THEN NULL WHEN 'none' THEN t.heartbeat_at ELSE pg_catalog.now() END
         FROM stale AS s
         JOIN (VALUES
             ('claimed', 'queued', 'leave'),
@@ -246,7 +255,7 @@ LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = format('a job is born in state "queued" at version 0, not in state "%s" at version %s',
+        MESSAGE = pg_catalog.format('a job is born in state "queued" at version 0, not in state "%s" at version %s',
                          NEW.state, NEW.state_version),
         HINT = 'insert without state and state_version, then move the row with job_apply';
 END
@@ -273,20 +282,20 @@ BEGIN
     END IF;
     IF OLD.state = ANY ('{"completed","abandoned"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('job %s is in terminal state "%s"; nothing may move it (to state "%s")',
+            MESSAGE = pg_catalog.format('job %s is in terminal state "%s"; nothing may move it (to state "%s")',
                              OLD.id, OLD.state, NEW.state),
-            DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
+            DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
     END IF;
     IF NEW.state_version IS DISTINCT FROM OLD.state_version + 1 THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('job %s: a move from state "%s" to state "%s" must set state_version to %s, not %s',
+            MESSAGE = pg_catalog.format('job %s: a move from state "%s" to state "%s" must set state_version to %s, not %s',
                              OLD.id, OLD.state, NEW.state, OLD.state_version + 1, NEW.state_version),
-            DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
+            DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
     END IF;
     RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = format('job %s: the spec has no transition from state "%s" to state "%s"',
+        MESSAGE = pg_catalog.format('job %s: the spec has no transition from state "%s" to state "%s"',
                          OLD.id, OLD.state, NEW.state),
-        DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
+        DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
 END
 $fsmc$;
 
@@ -299,7 +308,6 @@ EXECUTE FUNCTION job_guard_update();
 
 CREATE FUNCTION job_check_logged() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
@@ -308,7 +316,7 @@ BEGIN
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',
-            MESSAGE = format('job %s moved from state "%s" to state "%s" (version %s) without its row in job_events',
+            MESSAGE = pg_catalog.format('job %s moved from state "%s" to state "%s" (version %s) without its row in job_events',
                              NEW.id, OLD.state, NEW.state, NEW.state_version),
             HINT = 'move rows with job_apply, which appends the event row';
     END IF;
@@ -326,7 +334,6 @@ EXECUTE FUNCTION job_check_logged();
 
 CREATE FUNCTION job_check_event() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
@@ -335,7 +342,7 @@ BEGIN
       AND (t.state_version > NEW.version OR (t.state_version = NEW.version AND t.state = NEW.to_state));
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',
-            MESSAGE = format('event row of job %s at version %s records a move to state "%s" the row did not make',
+            MESSAGE = pg_catalog.format('event row of job %s at version %s records a move to state "%s" the row did not make',
                              NEW.job_id, NEW.version, NEW.to_state);
     END IF;
     RETURN NULL;
@@ -351,7 +358,7 @@ LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = '23F06',
-        MESSAGE = format('job_events is append-only: %s refused', TG_OP);
+        MESSAGE = pg_catalog.format('job_events is append-only: %s refused', TG_OP);
 END
 $fsmc$;
 
@@ -360,3 +367,22 @@ FOR EACH ROW EXECUTE FUNCTION job_events_append_only();
 
 CREATE TRIGGER job_events_append_only_truncate BEFORE TRUNCATE ON job_events
 FOR EACH STATEMENT EXECUTE FUNCTION job_events_append_only();
+
+-- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
+DO $fsmc$
+DECLARE
+    v_function record;
+BEGIN
+    FOR v_function IN
+        SELECT n.nspname, p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
+        FROM pg_catalog.pg_proc AS p
+        JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+        WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_fsmc_digest","job_apply","job_heartbeat","job_reclaim","job_guard_insert","job_guard_update","job_check_logged","job_check_event","job_events_append_only"}'::pg_catalog.text[])
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
+                                  v_function.nspname, v_function.proname, v_function.args,
+                                  v_function.nspname);
+    END LOOP;
+END
+$fsmc$;

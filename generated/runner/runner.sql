@@ -40,7 +40,7 @@ CREATE TABLE runner_events (
     event text NOT NULL,
     to_state text NOT NULL,
     actor text NOT NULL,
-    at timestamptz NOT NULL DEFAULT now(),
+    at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT runner_events_pkey PRIMARY KEY (runner_id, version),
     CONSTRAINT runner_events_fkey FOREIGN KEY (runner_id) REFERENCES runners (id),
@@ -50,10 +50,15 @@ CREATE TABLE runner_events (
     )
 );
 
--- Every function finds its tables in the schema it was created in (search_path FROM
--- CURRENT), whatever the caller's search_path. Those that look rows up by key also
--- turn seq scans off: PL/pgSQL keeps a session's plan, and one made while a table was
--- nearly empty (a fresh deployment) would scan it whole until the next ANALYZE.
+-- Every function, trigger functions included, runs with its search_path pinned to
+-- pg_catalog, the schema it was created in, and pg_temp last (the block at the end of
+-- this file): nothing a caller creates (a temporary table named like a table here, a
+-- function or operator in a schema on the caller's search_path) changes what it does,
+-- and built-ins are called by their pg_catalog names, since an exact-type overload in
+-- a schema others may create in would win over them whatever the order. Those that
+-- look rows up by key also turn seq scans off: PL/pgSQL keeps a session's plan, and
+-- one made while a table was nearly empty (a fresh deployment) would scan it whole
+-- until the next ANALYZE.
 
 -- The machine this schema was built from (fsmc.digest): read by `fsmc migrate`.
 CREATE FUNCTION runner_fsmc_digest() RETURNS text
@@ -68,7 +73,6 @@ CREATE FUNCTION runner_apply(
     payload jsonb DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
@@ -87,8 +91,8 @@ BEGIN
     FROM runners AS t WHERE t.id = runner_apply.id;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F03',
-            MESSAGE = format('runner %s does not exist', runner_apply.id),
-            DETAIL = format('id=%s', runner_apply.id);
+            MESSAGE = pg_catalog.format('runner %s does not exist', runner_apply.id),
+            DETAIL = pg_catalog.format('id=%s', runner_apply.id);
     END IF;
     -- The version before the event (contract 4.2): a caller who read an older
     -- version learns that someone moved the row first, whatever its event.
@@ -103,19 +107,19 @@ BEGIN
     IF v_to IS NULL THEN
         IF NOT (v_event = ANY ('{"claim","succeed","fail"}'::text[])) THEN
             RAISE EXCEPTION USING ERRCODE = '23F02',
-                MESSAGE = format('runner %s: unknown event "%s"', runner_apply.id, v_event),
-                DETAIL = format('event=%s', v_event),
+                MESSAGE = pg_catalog.format('runner %s: unknown event "%s"', runner_apply.id, v_event),
+                DETAIL = pg_catalog.format('event=%s', v_event),
                 HINT = 'the events are: claim, succeed, fail';
         ELSIF v_state = ANY ('{"succeeded","failed"}'::text[]) THEN
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = format('runner %s is in terminal state "%s"; refusing event "%s"',
+                MESSAGE = pg_catalog.format('runner %s is in terminal state "%s"; refusing event "%s"',
                                  runner_apply.id, v_state, v_event),
-                DETAIL = format('state=%s event=%s', v_state, v_event);
+                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         ELSE
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = format('runner %s has no transition from state "%s" on event "%s"',
+                MESSAGE = pg_catalog.format('runner %s has no transition from state "%s" on event "%s"',
                                  runner_apply.id, v_state, v_event),
-                DETAIL = format('state=%s event=%s', v_state, v_event);
+                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         END IF;
     END IF;
     -- The move, under the version check. A concurrent mover of this row makes this
@@ -146,7 +150,7 @@ LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = format('a runner is born in state "queued" at version 0, not in state "%s" at version %s',
+        MESSAGE = pg_catalog.format('a runner is born in state "queued" at version 0, not in state "%s" at version %s',
                          NEW.state, NEW.state_version),
         HINT = 'insert without state and state_version, then move the row with runner_apply';
 END
@@ -173,20 +177,20 @@ BEGIN
     END IF;
     IF OLD.state = ANY ('{"succeeded","failed"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('runner %s is in terminal state "%s"; nothing may move it (to state "%s")',
+            MESSAGE = pg_catalog.format('runner %s is in terminal state "%s"; nothing may move it (to state "%s")',
                              OLD.id, OLD.state, NEW.state),
-            DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
+            DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
     END IF;
     IF NEW.state_version IS DISTINCT FROM OLD.state_version + 1 THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('runner %s: a move from state "%s" to state "%s" must set state_version to %s, not %s',
+            MESSAGE = pg_catalog.format('runner %s: a move from state "%s" to state "%s" must set state_version to %s, not %s',
                              OLD.id, OLD.state, NEW.state, OLD.state_version + 1, NEW.state_version),
-            DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
+            DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
     END IF;
     RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = format('runner %s: the spec has no transition from state "%s" to state "%s"',
+        MESSAGE = pg_catalog.format('runner %s: the spec has no transition from state "%s" to state "%s"',
                          OLD.id, OLD.state, NEW.state),
-        DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
+        DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
 END
 $fsmc$;
 
@@ -199,7 +203,6 @@ EXECUTE FUNCTION runner_guard_update();
 
 CREATE FUNCTION runner_check_logged() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
@@ -208,7 +211,7 @@ BEGIN
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',
-            MESSAGE = format('runner %s moved from state "%s" to state "%s" (version %s) without its row in runner_events',
+            MESSAGE = pg_catalog.format('runner %s moved from state "%s" to state "%s" (version %s) without its row in runner_events',
                              NEW.id, OLD.state, NEW.state, NEW.state_version),
             HINT = 'move rows with runner_apply, which appends the event row';
     END IF;
@@ -226,7 +229,6 @@ EXECUTE FUNCTION runner_check_logged();
 
 CREATE FUNCTION runner_check_event() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
@@ -235,7 +237,7 @@ BEGIN
       AND (t.state_version > NEW.version OR (t.state_version = NEW.version AND t.state = NEW.to_state));
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',
-            MESSAGE = format('event row of runner %s at version %s records a move to state "%s" the row did not make',
+            MESSAGE = pg_catalog.format('event row of runner %s at version %s records a move to state "%s" the row did not make',
                              NEW.runner_id, NEW.version, NEW.to_state);
     END IF;
     RETURN NULL;
@@ -251,7 +253,7 @@ LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = '23F06',
-        MESSAGE = format('runner_events is append-only: %s refused', TG_OP);
+        MESSAGE = pg_catalog.format('runner_events is append-only: %s refused', TG_OP);
 END
 $fsmc$;
 
@@ -260,3 +262,22 @@ FOR EACH ROW EXECUTE FUNCTION runner_events_append_only();
 
 CREATE TRIGGER runner_events_append_only_truncate BEFORE TRUNCATE ON runner_events
 FOR EACH STATEMENT EXECUTE FUNCTION runner_events_append_only();
+
+-- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
+DO $fsmc$
+DECLARE
+    v_function record;
+BEGIN
+    FOR v_function IN
+        SELECT n.nspname, p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
+        FROM pg_catalog.pg_proc AS p
+        JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+        WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"runner_fsmc_digest","runner_apply","runner_guard_insert","runner_guard_update","runner_check_logged","runner_check_event","runner_events_append_only"}'::pg_catalog.text[])
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
+                                  v_function.nspname, v_function.proname, v_function.args,
+                                  v_function.nspname);
+    END LOOP;
+END
+$fsmc$;

@@ -49,7 +49,7 @@ CREATE TABLE task_events (
     event text NOT NULL,
     to_state text NOT NULL,
     actor text NOT NULL,
-    at timestamptz NOT NULL DEFAULT now(),
+    at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT task_events_pkey PRIMARY KEY (task_id, version),
     CONSTRAINT task_events_fkey FOREIGN KEY (task_id) REFERENCES tasks (id),
@@ -64,10 +64,15 @@ CREATE TABLE task_events (
 CREATE INDEX tasks_lease_idx ON tasks (state)
     WHERE state IN ('acquired', 'working');
 
--- Every function finds its tables in the schema it was created in (search_path FROM
--- CURRENT), whatever the caller's search_path. Those that look rows up by key also
--- turn seq scans off: PL/pgSQL keeps a session's plan, and one made while a table was
--- nearly empty (a fresh deployment) would scan it whole until the next ANALYZE.
+-- Every function, trigger functions included, runs with its search_path pinned to
+-- pg_catalog, the schema it was created in, and pg_temp last (the block at the end of
+-- this file): nothing a caller creates (a temporary table named like a table here, a
+-- function or operator in a schema on the caller's search_path) changes what it does,
+-- and built-ins are called by their pg_catalog names, since an exact-type overload in
+-- a schema others may create in would win over them whatever the order. Those that
+-- look rows up by key also turn seq scans off: PL/pgSQL keeps a session's plan, and
+-- one made while a table was nearly empty (a fresh deployment) would scan it whole
+-- until the next ANALYZE.
 
 -- The machine this schema was built from (fsmc.digest): read by `fsmc migrate`.
 CREATE FUNCTION task_fsmc_digest() RETURNS text
@@ -82,7 +87,6 @@ CREATE FUNCTION task_apply(
     payload jsonb DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
@@ -103,8 +107,8 @@ BEGIN
     FROM tasks AS t WHERE t.id = task_apply.id;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F03',
-            MESSAGE = format('task %s does not exist', task_apply.id),
-            DETAIL = format('id=%s', task_apply.id);
+            MESSAGE = pg_catalog.format('task %s does not exist', task_apply.id),
+            DETAIL = pg_catalog.format('id=%s', task_apply.id);
     END IF;
     -- The version before the event (contract 4.2): a caller who read an older
     -- version learns that someone moved the row first, whatever its event.
@@ -121,19 +125,19 @@ BEGIN
     IF v_to IS NULL THEN
         IF NOT (v_event = ANY ('{"acquire","begin","complete","fail","retry","give_up","expire"}'::text[])) THEN
             RAISE EXCEPTION USING ERRCODE = '23F02',
-                MESSAGE = format('task %s: unknown event "%s"', task_apply.id, v_event),
-                DETAIL = format('event=%s', v_event),
+                MESSAGE = pg_catalog.format('task %s: unknown event "%s"', task_apply.id, v_event),
+                DETAIL = pg_catalog.format('event=%s', v_event),
                 HINT = 'the events are: acquire, begin, complete, fail, retry, give_up, expire';
         ELSIF v_state = ANY ('{"done","dead"}'::text[]) THEN
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = format('task %s is in terminal state "%s"; refusing event "%s"',
+                MESSAGE = pg_catalog.format('task %s is in terminal state "%s"; refusing event "%s"',
                                  task_apply.id, v_state, v_event),
-                DETAIL = format('state=%s event=%s', v_state, v_event);
+                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         ELSE
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = format('task %s has no transition from state "%s" on event "%s"',
+                MESSAGE = pg_catalog.format('task %s has no transition from state "%s" on event "%s"',
                                  task_apply.id, v_state, v_event),
-                DETAIL = format('state=%s event=%s', v_state, v_event);
+                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         END IF;
     END IF;
     v_was_held := v_state IN ('acquired', 'working');
@@ -147,8 +151,8 @@ BEGIN
         -- Into the lease from outside: claimed now, by this actor; within it: a fresh
         -- heartbeat; out of it: no claim at all (contract 4.2, "With lease").
         claimed_by = CASE WHEN v_held = v_was_held THEN t.claimed_by WHEN v_held THEN task_apply.actor END,
-        claimed_at = CASE WHEN v_held = v_was_held THEN t.claimed_at WHEN v_held THEN now() END,
-        heartbeat_at = CASE WHEN v_held THEN now() WHEN v_was_held THEN NULL ELSE t.heartbeat_at END
+        claimed_at = CASE WHEN v_held = v_was_held THEN t.claimed_at WHEN v_held THEN pg_catalog.now() END,
+        heartbeat_at = CASE WHEN v_held THEN pg_catalog.now() WHEN v_was_held THEN NULL ELSE t.heartbeat_at END
     WHERE t.id = task_apply.id
       AND t.state_version = task_apply.expected_version
       AND t.state = v_state;
@@ -164,14 +168,13 @@ $fsmc$;
 
 CREATE FUNCTION task_heartbeat(id text, expected_version bigint) RETURNS boolean
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 BEGIN
     -- Fenced by the version: a worker whose row was reclaimed (or moved by anyone)
     -- cannot keep it alive. Only heartbeat_at changes, so the update stays HOT.
-    UPDATE tasks AS t SET heartbeat_at = now()
+    UPDATE tasks AS t SET heartbeat_at = pg_catalog.now()
     WHERE t.id = task_heartbeat.id
       AND t.state_version = task_heartbeat.expected_version
       AND t.state IN ('acquired', 'working');
@@ -181,8 +184,8 @@ BEGIN
     PERFORM FROM tasks AS t WHERE t.id = task_heartbeat.id;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F03',
-            MESSAGE = format('task %s does not exist', task_heartbeat.id),
-            DETAIL = format('id=%s', task_heartbeat.id);
+            MESSAGE = pg_catalog.format('task %s does not exist', task_heartbeat.id),
+            DETAIL = pg_catalog.format('id=%s', task_heartbeat.id);
     END IF;
     RETURN false;
 END
@@ -190,13 +193,19 @@ $fsmc$;
 
 CREATE FUNCTION task_reclaim(older_than interval, actor text) RETURNS SETOF text
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $fsmc$
 #variable_conflict use_column
 BEGIN
     IF task_reclaim.older_than IS NULL OR task_reclaim.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'task_reclaim: older_than and actor must not be NULL';
+    END IF;
+    -- Zero or less would call every lease row stale, fresh heartbeats included.
+    IF task_reclaim.older_than <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = pg_catalog.format('task_reclaim: older_than must be a positive interval, not %s',
+                                        task_reclaim.older_than),
+            HINT = 'pass the heartbeat age past which a worker counts as dead, e.g. interval ''30 seconds''';
     END IF;
     -- One statement. The locking scan carries the staleness predicate, and under READ
     -- COMMITTED re-checks it on the newest version of a row that changed meanwhile: a
@@ -209,15 +218,15 @@ BEGIN
         WHERE t.state IN ('acquired', 'working')
           -- No heartbeat at all (a row born in a lease state, or moved into one by
           -- hand) is as stale as can be: otherwise nothing could ever reclaim it.
-          AND coalesce(t.heartbeat_at, '-infinity') < now() - task_reclaim.older_than
+          AND coalesce(t.heartbeat_at, '-infinity') < pg_catalog.now() - task_reclaim.older_than
         FOR UPDATE SKIP LOCKED
     ), moved AS (
         UPDATE tasks AS t
         SET state = x.to_state,
             state_version = t.state_version + 1,
             claimed_by = CASE x.lease WHEN 'enter' THEN task_reclaim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-            claimed_at = CASE x.lease WHEN 'enter' THEN now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'leave' THEN NULL WHEN 'none' THEN t.heartbeat_at ELSE now() END
+            claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+            heartbeat_at = CASE x.lease WHEN 'leave' THEN NULL WHEN 'none' THEN t.heartbeat_at ELSE pg_catalog.now() END
         FROM stale AS s
         JOIN (VALUES
             ('acquired', 'failed', 'leave'),
@@ -242,7 +251,7 @@ LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = format('a task is born in state "new" at version 0, not in state "%s" at version %s',
+        MESSAGE = pg_catalog.format('a task is born in state "new" at version 0, not in state "%s" at version %s',
                          NEW.state, NEW.state_version),
         HINT = 'insert without state and state_version, then move the row with task_apply';
 END
@@ -269,20 +278,20 @@ BEGIN
     END IF;
     IF OLD.state = ANY ('{"done","dead"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('task %s is in terminal state "%s"; nothing may move it (to state "%s")',
+            MESSAGE = pg_catalog.format('task %s is in terminal state "%s"; nothing may move it (to state "%s")',
                              OLD.id, OLD.state, NEW.state),
-            DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
+            DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
     END IF;
     IF NEW.state_version IS DISTINCT FROM OLD.state_version + 1 THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
-            MESSAGE = format('task %s: a move from state "%s" to state "%s" must set state_version to %s, not %s',
+            MESSAGE = pg_catalog.format('task %s: a move from state "%s" to state "%s" must set state_version to %s, not %s',
                              OLD.id, OLD.state, NEW.state, OLD.state_version + 1, NEW.state_version),
-            DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
+            DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
     END IF;
     RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = format('task %s: the spec has no transition from state "%s" to state "%s"',
+        MESSAGE = pg_catalog.format('task %s: the spec has no transition from state "%s" to state "%s"',
                          OLD.id, OLD.state, NEW.state),
-        DETAIL = format('state=%s to_state=%s', OLD.state, NEW.state);
+        DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
 END
 $fsmc$;
 
@@ -295,7 +304,6 @@ EXECUTE FUNCTION task_guard_update();
 
 CREATE FUNCTION task_check_logged() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
@@ -304,7 +312,7 @@ BEGIN
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',
-            MESSAGE = format('task %s moved from state "%s" to state "%s" (version %s) without its row in task_events',
+            MESSAGE = pg_catalog.format('task %s moved from state "%s" to state "%s" (version %s) without its row in task_events',
                              NEW.id, OLD.state, NEW.state, NEW.state_version),
             HINT = 'move rows with task_apply, which appends the event row';
     END IF;
@@ -322,7 +330,6 @@ EXECUTE FUNCTION task_check_logged();
 
 CREATE FUNCTION task_check_event() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
@@ -331,7 +338,7 @@ BEGIN
       AND (t.state_version > NEW.version OR (t.state_version = NEW.version AND t.state = NEW.to_state));
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',
-            MESSAGE = format('event row of task %s at version %s records a move to state "%s" the row did not make',
+            MESSAGE = pg_catalog.format('event row of task %s at version %s records a move to state "%s" the row did not make',
                              NEW.task_id, NEW.version, NEW.to_state);
     END IF;
     RETURN NULL;
@@ -347,7 +354,7 @@ LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = '23F06',
-        MESSAGE = format('task_events is append-only: %s refused', TG_OP);
+        MESSAGE = pg_catalog.format('task_events is append-only: %s refused', TG_OP);
 END
 $fsmc$;
 
@@ -356,3 +363,22 @@ FOR EACH ROW EXECUTE FUNCTION task_events_append_only();
 
 CREATE TRIGGER task_events_append_only_truncate BEFORE TRUNCATE ON task_events
 FOR EACH STATEMENT EXECUTE FUNCTION task_events_append_only();
+
+-- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
+DO $fsmc$
+DECLARE
+    v_function record;
+BEGIN
+    FOR v_function IN
+        SELECT n.nspname, p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
+        FROM pg_catalog.pg_proc AS p
+        JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+        WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_fsmc_digest","task_apply","task_heartbeat","task_reclaim","task_guard_insert","task_guard_update","task_check_logged","task_check_event","task_events_append_only"}'::pg_catalog.text[])
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
+                                  v_function.nspname, v_function.proname, v_function.args,
+                                  v_function.nspname);
+    END LOOP;
+END
+$fsmc$;
