@@ -3,10 +3,14 @@ non-superuser role, per test, so tests run in parallel under pytest-xdist.
 
 `Scratch.create(dsn, machine)` makes a LOGIN role (not a superuser), a schema it
 owns, and loads the machine's generated `.sql` into it *as that role*: every test
-is first a proof that the file applies cleanly as a non-superuser owner.
-`scratch.connect()` opens more connections as that role with `search_path` set to
-the schema; `scratch.superuser()` one as the DSN's user (for auto_explain and the
-statistics views). `scratch.drop()` removes schema and role.
+is first a proof that the file applies cleanly as a non-superuser owner. It also
+makes the application's role, with exactly the grants the README lists
+(`APP_GRANTS`) and PostgreSQL's defaults (TEMPORARY on the database, EXECUTE on
+functions): applications never connect as the owner, and neither do the tests that
+play one. `scratch.connect()` opens a connection as the application role,
+`scratch.owner()` one as the owner (for DDL and migrations), both with
+`search_path` set to the schema; `scratch.superuser()` one as the DSN's user (for
+auto_explain and the statistics views). `scratch.drop()` removes schema and roles.
 
 Also: reading machines from specs/, walking a row to a state through `_apply`,
 replaying the event log, and importing the generated Python module.
@@ -38,6 +42,12 @@ SPEC_NAMES = ("job", "runner", "task")
 LEASE_SPEC_NAMES = ("job", "task")  # runner has no lease
 TIMEOUTS = "-c lock_timeout=10s -c statement_timeout=60s"
 
+# What an application role needs, and all it gets (README, "The PostgreSQL schema").
+APP_GRANTS = """\
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT, INSERT, UPDATE ON {table} TO {role};
+GRANT SELECT, INSERT ON {events} TO {role};"""
+
 
 def machine_of(name: str) -> Machine:
     return machine_from_text((SPECS / f"{name}.yaml").read_text(encoding="utf-8"), f"{name}.yaml")
@@ -56,33 +66,52 @@ class Scratch:
     role: str
     schema: str
     sql_text: str
+    app_role: str
     _open: list[psycopg.Connection[Any]] = field(default_factory=list)
 
     @staticmethod
     def create(dsn: str, machine: Machine, sql_text: str | None = None) -> Scratch:
         tag = uuid.uuid4().hex[:12]
         text = sql_target.emit(machine) if sql_text is None else sql_text
-        scratch = Scratch(dsn, machine, f"fsmc_owner_{tag}", f"fsmc_test_{tag}", text)
+        scratch = Scratch(dsn, machine, f"fsmc_owner_{tag}", f"fsmc_test_{tag}", text,
+                          f"fsmc_app_{tag}")  # fmt: skip
         with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
-                          .format(sql.Identifier(scratch.role)))  # fmt: skip
+            for role in (scratch.role, scratch.app_role):
+                admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+                              .format(sql.Identifier(role)))  # fmt: skip
             admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
                 sql.Identifier(scratch.schema), sql.Identifier(scratch.role)))  # fmt: skip
         try:
-            with scratch.connect() as owner:
+            with scratch.owner() as owner:
                 row = owner.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
                 assert row == (False,), "the owner must not be a superuser"
                 owner.execute(text.encode())  # no parameters: psycopg sends it as one script
+                if sql_text is None:
+                    owner.execute(scratch.grants())
                 owner.commit()
         except BaseException:
             scratch.drop()
             raise
         return scratch
 
+    def grants(self) -> bytes:
+        """APP_GRANTS for this schema's tables and the application role."""
+        n = self.names
+        return APP_GRANTS.format(schema=sql.Identifier(self.schema).as_string(),
+                                 role=sql.Identifier(self.app_role).as_string(),
+                                 table=n.table, events=n.events_table).encode()  # fmt: skip
+
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
-        """A connection as the owner role, search_path = the scratch schema. A lock
-        wait past LOCK_TIMEOUT fails the test instead of hanging it."""
-        conn = psycopg.connect(self.dsn, user=self.role, autocommit=autocommit,
+        """A connection as the application role, search_path = the scratch schema. A
+        lock wait past LOCK_TIMEOUT fails the test instead of hanging it."""
+        return self._connect(self.app_role, autocommit)
+
+    def owner(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+        """A connection as the schema's owner, search_path = the scratch schema."""
+        return self._connect(self.role, autocommit)
+
+    def _connect(self, role: str, autocommit: bool) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.dsn, user=role, autocommit=autocommit,
                                options=f"-c search_path={self.schema} {TIMEOUTS}")  # fmt: skip
         self._open.append(conn)
         return conn
@@ -99,9 +128,12 @@ class Scratch:
         with psycopg.connect(self.dsn, autocommit=True) as admin:
             # Sessions of this role that a failed test left behind would block DROP ROLE.
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                          " WHERE usename = %s AND pid <> pg_backend_pid()", (self.role,))  # fmt: skip
+                          " WHERE usename IN (%s, %s) AND pid <> pg_backend_pid()",
+                          (self.role, self.app_role))  # fmt: skip
             admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
-            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(self.role)))
+            for role in (self.app_role, self.role):
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
     # --- names, as the generated SQL spells them --------------------------------
 

@@ -81,7 +81,7 @@ class Migrated(Scratch):
 
 def migrated(db: Scratch, new: Machine, *past: tuple[Machine, dict[Any, int]]) -> Migrated:
     # Shares the connection list, so db.drop() closes its connections too.
-    return Migrated(db.dsn, new, db.role, db.schema, db.sql_text, db._open, past)
+    return Migrated(db.dsn, new, db.role, db.schema, db.sql_text, db.app_role, db._open, past)
 
 
 # --- running a script ---------------------------------------------------------------
@@ -232,7 +232,7 @@ def catalog(db: Scratch) -> Catalog:
 
     def normal(value: Any) -> Any:
         if isinstance(value, str):
-            return value.replace(db.schema, "SCHEMA").replace(db.role, "OWNER").removesuffix(" NOT VALID")
+            return value.replace(db.schema, "SCHEMA").replace(db.role, "OWNER").replace(db.app_role, "APP").removesuffix(" NOT VALID")
         if isinstance(value, list):
             return [normal(v) for v in value]
         return value
@@ -523,7 +523,7 @@ def test_refusals_are_sqlstate_55000_through_psycopg_too(pg_dsn: str) -> None:
     with built(pg_dsn, old) as db:
         fill(db)
         before = snapshot(db, old)
-        with db.connect(autocommit=True) as conn:
+        with db.owner(autocommit=True) as conn:
             with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as raised:
                 conn.execute(migrate(old, new).encode())
             conn.execute("ROLLBACK")
@@ -659,7 +659,7 @@ def test_renaming_a_state_in_two_releases_keeps_the_log_replayable(pg_dsn: str) 
 def test_a_state_cannot_be_renamed_in_place(pg_dsn: str) -> None:
     # Why the recipe is needed: the database itself refuses the shortcut.
     v2 = spec("rename_state", "v2")
-    with built(pg_dsn, v2) as db, db.connect() as conn:
+    with built(pg_dsn, v2) as db, db.owner() as conn:  # the triggers, not privileges, refuse
         row_id, _version = db.row_at(conn, "paused")
         error = tp.refused(conn, db.q("UPDATE {table} SET state = 'on_hold' WHERE id = %s"), (row_id,))
         assert tp.sqlstate_of(error) == "23F04"

@@ -105,7 +105,7 @@ def test_the_file_applies_with_psql_on_error_stop_as_a_non_superuser(pg_dsn: str
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert "ERROR" not in done.stderr and "WARNING" not in done.stderr, done.stderr
-        with scratch.connect() as conn:
+        with scratch.owner() as conn:
             owner = conn.execute(scratch.q(
                 "SELECT pg_get_userbyid(relowner), rolsuper FROM pg_class"
                 " JOIN pg_roles ON pg_roles.oid = relowner WHERE pg_class.oid = '{table}'::regclass"
@@ -426,15 +426,19 @@ def test_the_event_log_is_unique_per_row_and_version(db: Scratch) -> None:
 
 
 def test_the_event_log_refuses_update_delete_and_truncate(db: Scratch) -> None:
-    with db.connect() as conn:
+    # The owner holds every privilege on the log, so only the triggers stop it; the
+    # application role has no UPDATE, DELETE or TRUNCATE privilege at all.
+    queries = ("UPDATE {events} SET actor = 'rewritten'", "UPDATE {events} SET payload = '{{}}'",
+               "DELETE FROM {events}", "DELETE FROM {events} WHERE version = 1",
+               "TRUNCATE {events}", "TRUNCATE {table} CASCADE")  # fmt: skip
+    with db.owner() as conn, db.connect() as app:
         row_id, _version = db.row_at(conn, db.machine.edges[0][2])
         before = snapshot(db, conn)
-        for query in ("UPDATE {events} SET actor = 'rewritten'", "UPDATE {events} SET payload = '{{}}'",
-                      "DELETE FROM {events}", "DELETE FROM {events} WHERE version = 1",
-                      "TRUNCATE {events}", "TRUNCATE {table} CASCADE"):  # fmt: skip
+        for query in queries:
             error = refused(conn, db.q(query))
             assert sqlstate_of(error) == sqlstate.APPEND_ONLY, (query, error)
             assert "append-only" in str(error)
+            assert sqlstate_of(refused(app, db.q(query))) == "42501", query  # insufficient_privilege
         assert snapshot(db, conn) == before
         assert db.events_of(conn, row_id)
 
@@ -731,7 +735,7 @@ def test_reclaim_scans_the_partial_index_over_100k_mostly_terminal_rows(lease_db
     held = sorted(lease_states(m))[0]
     guard = sql_ident(sql_name(str(m.name), "guard_insert"))
     id_expr = {"uuid": "gen_random_uuid()", "bigint": "g", "text": "'bulk-' || g"}[m.postgres.id_type]
-    with db.connect() as conn:
+    with db.owner() as conn:  # bulk rows bypass the guard: only the owner may
         # One INSERT of 100k rows, 1% stale in a lease state, the rest terminal. The
         # insert guard would refuse rows born terminal, so it is off for this load: the
         # planner's choice is under test here, not the guard.
@@ -819,7 +823,7 @@ def test_heartbeats_would_not_be_hot_with_the_seeds_heartbeat_index(pg_dsn: str)
     machine = machine_of("job")
     scratch = Scratch.create(pg_dsn, machine)
     try:
-        with scratch.connect() as conn:
+        with scratch.owner() as conn:
             conn.execute(scratch.q("CREATE INDEX seed_live_heartbeat ON {table} (heartbeat_at)"
                                    " WHERE state IN ('claimed', 'running')"))  # fmt: skip
             conn.commit()
@@ -862,7 +866,7 @@ def test_random_traffic_leaves_a_log_that_replays_to_every_row(db: Scratch) -> N
         assert db.replay_problems(conn) == []
     # The replay can fail: a row moved behind the log's back (triggers off, as its owner
     # could) is caught.
-    with db.connect() as conn:
+    with db.owner() as conn:  # only the owner can switch triggers off
         victim = next(iter(rows))
         conn.execute(db.q("ALTER TABLE {table} DISABLE TRIGGER USER"))
         conn.execute(db.q("UPDATE {table} SET state_version = state_version + 1 WHERE id = %s"), (victim,))

@@ -1,0 +1,372 @@
+"""The database against its application role (contract 4.2's first bullet, issue 8).
+
+Every test plays an attacker with a psql prompt, connected as the application role
+with exactly the grants the README lists (tests/pg_scratch.py: APP_GRANTS) and
+PostgreSQL's defaults (TEMPORARY on the database, EXECUTE on functions), for every
+example spec, and proves the attack fails or changes nothing:
+
+- A: a temporary table named like the event log, holding a matching row, does not
+  let a direct UPDATE pass the commit-time check;
+- B: the same temporary table does not take `_apply`'s event rows;
+- C: a temporary table named like the machine's table, holding a fake row, does
+  not let `_apply` forge history (and `_apply` and `_reclaim` keep working);
+- a pooled server session (PgBouncer's transaction mode) where one client left such
+  a table behind changes nothing for the next client's `transition()` calls;
+- operators in a schema the attacker controls, put before pg_catalog on the
+  caller's search_path, do not switch the guards off;
+- with the schema installed into `public` under the default search_path, and the
+  pre-15 `CREATE ON SCHEMA public` grant, an exact-type overload of `format` is
+  never called, by any caller, superuser included;
+- every function and trigger function the `.sql` or a migrate script creates is
+  pinned to `pg_catalog, <its schema>, pg_temp` (pg_temp last).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from fsmc.model import Machine
+from fsmc.targets import sql as sql_target
+from fsmc.targets import sqlstate
+from tests import test_migrate as tm
+from tests.pg_scratch import (
+    LEASE_SPEC_NAMES,
+    SPEC_NAMES,
+    TIMEOUTS,
+    Scratch,
+    machine_of,
+    module_of,
+    path_to,
+)
+from tests.test_postgres import refused, sqlstate_of
+
+
+@pytest.fixture(params=SPEC_NAMES)
+def db(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Scratch]:
+    scratch = Scratch.create(pg_dsn, machine_of(request.param))
+    yield scratch
+    scratch.drop()
+
+
+def real(db: Scratch, name: str) -> str:
+    """A table of the scratch schema, named so that no temporary table can stand in."""
+    return f"{sql.Identifier(db.schema).as_string()}.{name}"
+
+
+def real_events(db: Scratch, conn: psycopg.Connection[Any], row_id: Any) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(
+        f"SELECT version, from_state, event, to_state, actor FROM {real(db, db.names.events_table)}"
+        f" WHERE {db.names.id_column} = %s ORDER BY version", (row_id,)).fetchall()]  # fmt: skip
+
+
+def real_row(db: Scratch, conn: psycopg.Connection[Any], row_id: Any) -> tuple[str, int]:
+    got = conn.execute(f"SELECT state, state_version FROM {real(db, db.names.table)} WHERE id = %s",
+                       (row_id,)).fetchone()  # fmt: skip
+    assert got is not None
+    return str(got[0]), int(got[1])
+
+
+def forgeable(machine: Machine) -> tuple[str, str]:
+    """A state other than the initial one, and an event legal there but not initially."""
+    for (state, event), _target in machine.table.items():
+        if state != machine.initial and (str(machine.initial), event) not in machine.table:
+            return state, event
+    raise AssertionError("every event is legal in the initial state")
+
+
+def test_the_application_role_has_exactly_the_readme_grants(db: Scratch) -> None:
+    with db.connect() as app:
+        got = app.execute(
+            "SELECT c.relname, p.privilege_type FROM pg_class AS c"
+            " JOIN pg_namespace AS n ON n.oid = c.relnamespace,"
+            " LATERAL aclexplode(c.relacl) AS p"
+            " WHERE n.nspname = %s AND p.grantee = %s::regrole ORDER BY 1, 2",
+            (db.schema, db.app_role)).fetchall()  # fmt: skip
+        names = db.names
+        expected = sorted([(names.table.strip('"'), p) for p in ("INSERT", "SELECT", "UPDATE")]
+                          + [(names.events_table.strip('"'), p) for p in ("INSERT", "SELECT")])  # fmt: skip
+        assert got == expected
+        flags = app.execute("SELECT rolsuper, rolcreaterole, rolbypassrls FROM pg_roles"
+                            " WHERE rolname = current_user").fetchone()  # fmt: skip
+        assert flags == (False, False, False)
+        # ... and that is enough to run the machine: create a row, move it, read its log.
+        row_id, version = db.row_at(app, str(db.machine.initial))
+        source, event, _target = db.machine.edges[0]
+        row_id, version = db.row_at(app, source)
+        assert db.apply(app, row_id, event, version) == version + 1
+        app.commit()
+
+
+# --- temporary tables named like ours ---------------------------------------------------
+
+
+def test_a_temp_event_log_does_not_hide_a_direct_write_attack_a(db: Scratch) -> None:
+    n, (source, event, target) = db.names, db.machine.edges[0]
+    with db.connect() as app:
+        row_id, version = db.row_at(app, source)
+        app.execute(f"CREATE TEMP TABLE {n.events_table} (LIKE {real(db, n.events_table)}"
+                    " INCLUDING DEFAULTS)")  # fmt: skip
+        app.execute(f"INSERT INTO {n.events_table} ({n.id_column}, version, from_state, event,"
+                    " to_state, actor) VALUES (%s, %s, %s, %s, %s, 'attacker')",
+                    (row_id, version + 1, source, event, target))  # fmt: skip
+        app.execute(f"UPDATE {n.table} SET state = %s, state_version = state_version + 1"
+                    " WHERE id = %s", (target, row_id))  # fmt: skip
+        with pytest.raises(psycopg.Error) as raised:
+            app.commit()
+        assert sqlstate_of(raised.value) == sqlstate.UNLOGGED_CHANGE
+        assert real_row(db, app, row_id) == (source, version)
+        assert [e[2] for e in real_events(db, app, row_id)] == path_to(db.machine, source)
+
+
+def test_a_temp_event_log_does_not_take_applys_event_rows_attack_b(db: Scratch) -> None:
+    n, m = db.names, db.machine
+    with db.connect() as app:
+        row_id = db.new_row(app)
+        app.execute(f"CREATE TEMP TABLE {n.events_table} (LIKE {real(db, n.events_table)})")
+        app.commit()
+        walk = path_to(m, next(t for s, _e, t in m.edges if s != m.initial))
+        for version, event in enumerate(walk):
+            assert db.apply(app, row_id, event, version, actor="worker") == version + 1
+        app.commit()
+        assert [e[2] for e in real_events(db, app, row_id)] == walk
+        assert app.execute(f"SELECT count(*) FROM pg_temp.{n.events_table}").fetchone() == (0,)
+
+
+def test_a_temp_table_like_the_machines_does_not_forge_history_attack_c(db: Scratch) -> None:
+    n, m = db.names, db.machine
+    fake_state, event = forgeable(m)
+    with db.connect() as app:
+        row_id = db.new_row(app)
+        if m.lease is not None:
+            held_id, held_version = db.row_at(app, str(m.lease.states[0]))
+        app.commit()
+        # From here on, the attacker's unqualified name for the table is the fake one.
+        app.execute(f"CREATE TEMP TABLE {n.table} (LIKE {real(db, n.table)} INCLUDING DEFAULTS)")
+        app.execute(f"INSERT INTO {n.table} (id, state, state_version) VALUES (%s, %s, 0)",
+                    (row_id, fake_state))  # fmt: skip
+        app.commit()
+        error = refused(app, db.q("SELECT {apply}(%s, %s, 0, 'attacker')"), (row_id,  event))
+        assert sqlstate_of(error) == sqlstate.ILLEGAL_TRANSITION, error
+        assert f'state "{m.initial}"' in str(error)  # the real row's state, not the fake one
+        assert real_events(db, app, row_id) == []
+        # The row still moves, and its log still grows, next to the fake table.
+        first = next(e for s, e, _t in m.edges if s == m.initial)
+        assert db.apply(app, row_id, first, 0) == 1
+        app.commit()
+        assert [e[2] for e in real_events(db, app, row_id)] == [first]
+        if m.lease is not None:
+            # A stale fake row in a lease state does not stop reclaim for the real rows.
+            app.execute(f"UPDATE {n.table} SET state = %s, state_version = 7", (str(m.lease.states[0]),))
+            app.commit()
+            reclaimed = app.execute(db.q("SELECT {reclaim}('1 microsecond', 'supervisor')")).fetchall()
+            app.commit()
+            assert (held_id,) in reclaimed
+            assert real_row(db, app, held_id)[1] == held_version + 1
+            assert real_events(db, app, held_id)[-1][2] == str(m.lease.reclaim)
+
+
+def test_a_pooled_session_with_a_leftover_temp_table_changes_nothing(db: Scratch, tmp_path: Path) -> None:
+    # PgBouncer in transaction mode hands one server session to client after client:
+    # one connection, two clients taking turns, the first leaving temp tables behind.
+    module = module_of(db.machine, tmp_path)
+    n, m = db.names, db.machine
+    with db.connect() as pooled:
+        pooled.execute(f"CREATE TEMP TABLE {n.events_table} (LIKE {real(db, n.events_table)})")
+        pooled.execute(f"CREATE TEMP TABLE {n.table} (LIKE {real(db, n.table)} INCLUDING DEFAULTS)")
+        pooled.commit()  # the first client is done; its session lives on in the pool
+        target = next(t for s, _e, t in m.edges if s != m.initial)
+        row_id = pooled.execute(
+            f"INSERT INTO {real(db, n.table)} (id) VALUES (%s) RETURNING id"
+            if m.postgres.id_type == "text" else
+            f"INSERT INTO {real(db, n.table)} DEFAULT VALUES RETURNING id",
+            (f"id-{uuid.uuid4().hex}",) if m.postgres.id_type == "text" else ()).fetchone()[0]  # type: ignore[index]  # fmt: skip
+        pooled.commit()
+        walk = path_to(m, target)
+        for version, event in enumerate(walk):
+            got = module.transition(pooled, row_id, event, expected_version=version, actor="client2")
+            assert got == version + 1
+            pooled.commit()
+        assert [e[2] for e in real_events(db, pooled, row_id)] == walk
+        assert real_row(db, pooled, row_id) == (target, len(walk))
+        assert pooled.execute(f"SELECT count(*) FROM pg_temp.{n.events_table}").fetchone() == (0,)
+
+
+# --- objects in schemas on the caller's search_path ----------------------------------------
+
+
+@pytest.fixture
+def evil_schema(db: Scratch) -> Iterator[str]:
+    """A schema the application role controls (as the pre-15 public schema was)."""
+    name = f"evil_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(db.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+            sql.Identifier(name), sql.Identifier(db.app_role)))  # fmt: skip
+    yield name
+    with psycopg.connect(db.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+def test_operators_before_pg_catalog_do_not_switch_the_guards_off(db: Scratch, evil_schema: str) -> None:
+    m, evil = db.machine, evil_schema
+    terminal = next(s for s in m.state_names if s in m.terminal_names)
+    with db.connect() as app:
+        done_id, done_version = db.row_at(app, terminal)
+        source, _event, target = m.edges[0]
+        row_id, version = db.row_at(app, source)
+        for kind in ("text", "bigint", "integer"):
+            app.execute(f"CREATE FUNCTION {evil}.always_{kind}({kind}, {kind}) RETURNS boolean"
+                        " LANGUAGE sql IMMUTABLE AS 'SELECT true'")  # fmt: skip
+            for op in ("=", "<>"):
+                app.execute(f"CREATE OPERATOR {evil}.{op} (LEFTARG = {kind}, RIGHTARG = {kind},"
+                            f" FUNCTION = {evil}.always_{kind})")  # fmt: skip
+        app.execute(f"SET search_path = {evil}, pg_catalog, {db.schema}")
+        app.commit()
+        assert app.execute("SELECT 'a'::text = 'b'::text").fetchone() == (True,)  # the trap works
+        back = "UPDATE {table} SET state = %s, state_version = state_version + 1 WHERE id = %s"
+        error = refused(app, db.q(back), (str(m.initial), done_id))
+        assert sqlstate_of(error) == sqlstate.BYPASS_WRITE, error
+        jump = "UPDATE {table} SET state = %s, state_version = state_version + 100 WHERE id = %s"
+        error = refused(app, db.q(jump), (target, row_id))
+        assert sqlstate_of(error) == sqlstate.BYPASS_WRITE, error
+        illegal = next(e for e in m.event_names if (terminal, e) not in m.table)
+        error = refused(app, db.q("SELECT {apply}(%s, %s, %s, 'attacker')"),
+                        (done_id, illegal, done_version))  # fmt: skip
+        assert sqlstate_of(error) == sqlstate.ILLEGAL_TRANSITION, error
+        app.execute("RESET search_path")
+        assert db.row(app, done_id) == (terminal, done_version)
+        assert db.row(app, row_id) == (source, version)
+
+
+# Every format() call shape the generated functions make, for each id type.
+FORMAT_SHAPES = ["{id}", "{id}, text", "{id}, text, text", "{id}, text, text, bigint, bigint",
+                 "text", "text, text", "interval"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_a_format_overload_in_public_is_never_called(pg_dsn: str, name: str, tmp_path: Path) -> None:
+    # The schema installed into `public` with the default search_path ("$user", public),
+    # in a database that still grants CREATE on public to everyone (PostgreSQL < 15).
+    machine = machine_of(name)
+    tag = uuid.uuid4().hex[:12]
+    database, owner, attacker = f"fsmc_sec_{tag}", f"fsmc_owner_{tag}", f"fsmc_evil_{tag}"
+    id_type = machine.postgres.id_type
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        for role in (owner, attacker):
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+            sql.Identifier(database), sql.Identifier(owner)))  # fmt: skip
+    dsn = make_conninfo(pg_dsn, dbname=database)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as su:
+            su.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        with psycopg.connect(dsn, user=attacker, autocommit=True) as evil:
+            # A sequence: its nextval survives the rollback of the refused statement.
+            evil.execute("CREATE SEQUENCE public.marker")
+            evil.execute("GRANT USAGE, SELECT ON SEQUENCE public.marker TO PUBLIC")
+        with psycopg.connect(dsn, user=owner) as conn:
+            assert conn.execute("SHOW search_path").fetchone() == ('"$user", public',)
+            conn.execute(sql_target.emit(machine).encode())
+            conn.commit()
+        with psycopg.connect(dsn, user=attacker, autocommit=True) as evil:
+            for args in dict.fromkeys(shape.format(id=id_type) for shape in FORMAT_SHAPES):
+                evil.execute(f"CREATE FUNCTION public.format(text, {args}) RETURNS text"
+                             " LANGUAGE sql AS $$ SELECT 'PWNED ' || nextval('public.marker') $$")  # fmt: skip
+        victims = [psycopg.connect(dsn, user=owner, options=TIMEOUTS), psycopg.connect(dsn, options=TIMEOUTS)]
+        n = sql_target.Names.of(machine)
+        nobody: Any = {"uuid": uuid.uuid4(), "bigint": 10**12, "text": "nobody"}[id_type]
+        for conn in victims:  # the owner, then a superuser
+            with conn:
+                error = refused(conn, f"SELECT {n.apply}(%s, %s, 0, 'x')".encode(),
+                                (nobody, machine.edges[0][1]))  # fmt: skip
+                assert sqlstate_of(error) == sqlstate.UNKNOWN_ID
+                insert = (f"INSERT INTO {n.table} (id) VALUES ('r1') RETURNING id" if id_type == "text"
+                          else f"INSERT INTO {n.table} DEFAULT VALUES RETURNING id")  # fmt: skip
+                row_id = conn.execute(insert.encode()).fetchone()[0]  # type: ignore[index]
+                error = refused(conn, f"SELECT {n.apply}(%s, 'no_such_event', 0, 'x')".encode(), (row_id,))
+                assert sqlstate_of(error) == sqlstate.UNKNOWN_EVENT
+                terminal = next(s for s in machine.state_names if s in machine.terminal_names)
+                error = refused(conn, f"INSERT INTO {n.table} (id, state) VALUES ('r2', %s)".encode()
+                                if id_type == "text" else
+                                f"INSERT INTO {n.table} (state) VALUES (%s)".encode(), (terminal,))  # fmt: skip
+                assert sqlstate_of(error) == sqlstate.BYPASS_WRITE
+                row_id = conn.execute(insert.encode()).fetchone()[0]  # type: ignore[index]
+                error = refused(conn, f"UPDATE {n.table} SET state = %s, state_version = 1 WHERE id = %s".encode(),
+                                (terminal, row_id))  # fmt: skip
+                assert sqlstate_of(error) in (sqlstate.BYPASS_WRITE, sqlstate.UNLOGGED_CHANGE)
+                if machine.lease is not None:
+                    error = refused(conn, f"SELECT {n.reclaim}('0', 'x')".encode())
+                    assert sqlstate_of(error) == "22023"
+                assert conn.execute("SELECT is_called FROM public.marker").fetchone() == (False,)
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                          (database,))  # fmt: skip
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(database)))
+            for role in (attacker, owner):
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+# --- every function pinned ---------------------------------------------------------------
+
+
+def pins(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[str] | None]:
+    """Each function of `schema` -> its settings (proconfig)."""
+    return {f"{name}({args})": config for name, args, config in conn.execute(
+        "SELECT p.proname, pg_get_function_identity_arguments(p.oid), p.proconfig"
+        " FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = %s", (schema,)).fetchall()}  # fmt: skip
+
+
+def assert_all_pinned(conn: psycopg.Connection[Any], schema: str, machine: Machine) -> None:
+    found = pins(conn, schema)
+    assert sorted(f.split("(")[0] for f in found) == sorted(sql_target.function_names(machine))
+    expected = f"search_path=pg_catalog, {schema}, pg_temp"  # scratch names need no quotes
+    for function, config in found.items():
+        assert config is not None and expected in config, (function, config)
+
+
+def test_every_function_and_trigger_function_is_pinned_with_pg_temp_last(db: Scratch) -> None:
+    with db.connect() as conn:
+        assert_all_pinned(conn, db.schema, db.machine)
+        triggers = conn.execute(
+            "SELECT DISTINCT t.tgfoid::regproc::text FROM pg_trigger AS t"
+            " JOIN pg_class AS c ON c.oid = t.tgrelid JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND NOT t.tgisinternal", (db.schema,)).fetchall()  # fmt: skip
+        assert triggers and all(f.split(".")[-1] in {k.split("(")[0] for k in pins(conn, db.schema)}
+                                for (f,) in triggers)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["lease_added", "renamed_tables", "added_state"])
+def test_a_migrate_script_leaves_every_function_pinned(pg_dsn: str, case: str) -> None:
+    old, new = tm.spec(case, "old"), tm.spec(case, "new")
+    with tm.built(pg_dsn, old) as db:
+        tm.migrate_ok(db, tm.migrate(old, new))
+        with db.owner() as conn:
+            assert_all_pinned(conn, db.schema, new)
+
+
+# --- _reclaim's interval -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LEASE_SPEC_NAMES)
+def test_reclaim_refuses_a_zero_or_negative_interval(pg_dsn: str, name: str) -> None:
+    db = Scratch.create(pg_dsn, machine_of(name))
+    try:
+        with db.connect() as app:
+            assert db.machine.lease is not None
+            row_id, version = db.row_at(app, str(db.machine.lease.states[0]))
+            for interval in ("0", "-1 minute", "1 month -31 days"):
+                error = refused(app, db.q("SELECT {reclaim}(%s::interval, 'supervisor')"), (interval,))
+                assert sqlstate_of(error) == "22023", (interval, error)
+                assert "positive interval" in str(error)
+            assert db.row(app, row_id) == (str(db.machine.lease.states[0]), version)
+    finally:
+        db.drop()
