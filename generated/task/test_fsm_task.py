@@ -330,6 +330,27 @@ def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) ->
         assert first.execute(sql, (row_id,)).fetchall() == [("first",)]
 
 
+@pytest.mark.skipif(not any(s == INITIAL for s, _e in TABLE), reason="nothing leaves the initial state")
+def test_db_temporary_tables_named_like_the_schemas_change_nothing(db: Database) -> None:
+    # The functions search pg_temp last (CVE-2018-1058): temporary tables a caller
+    # names like the machine's table and its event log take no row and no event.
+    real_table, real_events = f'"{db.schema}".{SQL_TABLE}', f'"{db.schema}".{SQL_EVENTS}'
+    event = next(e for (s, e) in TABLE if s == INITIAL)
+    with db.connect() as conn:
+        row_id = db.new_row(conn)
+        conn.commit()
+        for name, real in ((SQL_TABLE, real_table), (SQL_EVENTS, real_events)):
+            conn.execute(f"CREATE TEMP TABLE {name} (LIKE {real} INCLUDING DEFAULTS)")
+        conn.commit()
+        assert machine.transition(conn, row_id, event, expected_version=0, actor="test") == 1
+        conn.commit()
+        sql = f"SELECT event FROM {real_events} WHERE {SQL_ID_COLUMN} = %s"
+        assert conn.execute(sql, (row_id,)).fetchall() == [(event,)]
+        sql = f"SELECT state_version FROM {real_table} WHERE id = %s"
+        assert conn.execute(sql, (row_id,)).fetchall() == [(1,)]
+        assert conn.execute(f"SELECT count(*) FROM pg_temp.{SQL_EVENTS}").fetchone() == (0,)
+
+
 def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
     rng = random.Random(4)
     with db.connect(autocommit=True) as conn:
