@@ -119,3 +119,27 @@ def test_a_data_only_restore_into_a_fresh_schema_by_the_readme_recipe(pg_dsn: st
             assert target
     finally:
         db.drop()
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_under_repeatable_read_and_serializable_a_lost_race_raises_40001(pg_dsn: str, level: str) -> None:
+    db = Scratch.create(pg_dsn, machine_of("job"))
+    try:
+        source, event, target = db.machine.edges[0]
+        with db.connect() as winner, db.connect() as loser:
+            row_id, version = db.row_at(winner, source)
+            loser.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            loser.execute("SELECT 1")  # the loser's snapshot is taken now
+            assert db.apply(winner, row_id, event, version, actor="winner") == version + 1
+            winner.commit()
+            with pytest.raises(psycopg.errors.SerializationFailure) as raised:
+                db.apply(loser, row_id, event, version, actor="loser")
+            loser.rollback()
+            assert raised.value.sqlstate == "40001"
+            # Retried, the transaction sees the winner's move and learns it lost.
+            loser.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            assert db.apply(loser, row_id, event, version, actor="loser") is None
+            loser.rollback()
+            assert db.row(winner, row_id) == (target, version + 1)
+    finally:
+        db.drop()
