@@ -218,6 +218,14 @@ def transition(
     lets the driver's error through for anything else (no row with that id is
     SQLSTATE 23F03). Never commits; after an error the transaction is aborted, so
     roll back.
+
+    Under READ COMMITTED (PostgreSQL's default) a lost race returns None. Under
+    REPEATABLE READ or SERIALIZABLE the database raises SQLSTATE 40001
+    (serialization_failure) instead: roll back and retry the whole transaction.
+    Behind PgBouncer in transaction mode, connect psycopg with
+    `prepare_threshold=None` (a pooled server session would otherwise hold another
+    client's prepared statements), and set the schema with `ALTER ROLE ... SET
+    search_path`, not per session.
     """
     checked = _event(event)
     body = None if payload is None else json.dumps(payload)
