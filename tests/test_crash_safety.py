@@ -2,23 +2,29 @@
 leaves each file either old or new, never half-written, and no temporary file
 inside DIR").
 
-A real `fsmc build` of twelve machines (about 2 MB of output, each file fsync'ed)
-is killed with SIGKILL again and again: at random moments from its start, and at
-random moments after its first file was replaced (so the kills land while it
-writes). After every kill each file in the output directory is byte for byte
-its old version or its new one, and no other file exists there; beside it, only
-fsmc's own `.fsmc-*.tmp` staging files may be left (see the comment below). A
-build run to the end afterwards leaves `build --check` clean.
+A real `fsmc build` process replaces the files of an earlier build and is killed
+with SIGKILL at chosen moments of its write phase. Files on disk change only
+through the writer's system calls (`os.write`, `os.fsync`, `os.link`,
+`os.replace`), so the child counts those calls and SIGKILLs itself just before or
+just after the n-th one, or halfway through a write: kills on both sides of every
+kind of call, at the first, a middle and the last file, stand for a kill at any
+moment, deterministically and without sleeping. A first, uninterrupted run
+records the sequence of calls, from which each moment's outcome follows: exactly
+as many files are new as renames had happened.
+
+After every kill each file in DIR is byte for byte its old version or its new
+one, as many new as renames done, and no other file exists in DIR; the staging
+directory (TMPDIR, on the same filesystem) holds nothing but the killed process's
+own `.fsmc-<pid>-*.tmp` files, which the next build sweeps away. A build run to the end afterwards leaves `build --check` clean.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import random
-import signal
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,14 +32,49 @@ import pytest
 from tests.conftest import ROOT
 from tests.harness import run_fsmc
 
-MACHINES = 12
+MACHINES = 3
+STATES = 40
+
+# Runs `fsmc ARGV` with the writer's system calls counted. With a moment
+# (index, "before" | "after" | "half"), the process SIGKILLs itself there; without,
+# it prints the sequence of calls when the build is done.
+CHILD = """
+import json, os, signal, sys, tempfile
+from fsmc.cli import main
+
+tempfile.gettempdir()  # Python probes TMPDIR with a write of its own: not fsmc's
+moment = json.loads(sys.argv[1])
+calls = []
+
+def counted(name, real):
+    def call(*args, **kwargs):
+        calls.append(name)
+        if moment and len(calls) - 1 == moment[0]:
+            if moment[1] == "half":
+                real(args[0], args[1][: len(args[1]) // 2])
+            elif moment[1] == "after":
+                try:
+                    real(*args, **kwargs)
+                finally:  # a call that fails (a refused link) is killed after, too
+                    os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+    return call
+
+for name in ("write", "fsync", "link", "replace"):
+    setattr(os, name, counted(name, getattr(os, name)))
+code = main(sys.argv[2:])
+if not moment:
+    print(json.dumps(calls))
+sys.exit(code)
+"""
 
 
 def spec(i: int, version: int) -> str:
     lines = ["fsmc: 1", f"machine: m{i}", "initial: s0", "states:"]
-    lines += [f'  s{j}: "version {version} {"x" * 200}"' for j in range(150)]
-    lines += ["terminals: [s149]", "events: [go]", "transitions:"]
-    lines += [f"  - {{from: s{j}, event: go, to: s{j + 1}}}" for j in range(149)]
+    lines += [f'  s{j}: "version {version} {"x" * 200}"' for j in range(STATES)]
+    lines += [f"terminals: [s{STATES - 1}]", "events: [go]", "transitions:"]
+    lines += [f"  - {{from: s{j}, event: go, to: s{j + 1}}}" for j in range(STATES - 1)]
     return "\n".join(lines) + "\n"
 
 
@@ -41,17 +82,36 @@ def snapshot(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
+def moments(calls: list[str]) -> list[tuple[int, str]]:
+    """Where to kill: on each side of the first, a middle and the last rename; with
+    the first file's bytes not yet written, half written, written but not renamed
+    (after its fsync, and after its link where the kernel allows one); halfway
+    through a middle file's write."""
+    def at(name: str) -> list[int]:
+        return [i for i, call in enumerate(calls) if call == name]
+
+    writes, renames = at("write"), at("replace")
+    chosen = {(writes[0], "before"), (writes[0], "half"), (at("fsync")[0], "after"),
+              (writes[len(writes) // 2], "half")}  # fmt: skip
+    chosen |= {(i, "after") for i in at("link")[:1]}
+    for i in (renames[0], renames[len(renames) // 2], renames[-1]):
+        chosen |= {(i, "before"), (i, "after")}
+    return sorted(chosen)
+
+
 def test_a_build_killed_at_any_moment_leaves_old_or_new_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # spec paths are relative, as headers record them
-    specs: dict[int, list[Path]] = {}
+    staging = tmp_path / "staging"  # where the writer stages bytes: TMPDIR, same filesystem
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))  # the in-process builds, too
+    specs: dict[int, list[str]] = {}
     for version in (1, 2):
-        folder = tmp_path / f"v{version}"
-        folder.mkdir()
+        (tmp_path / f"v{version}").mkdir()
         specs[version] = []
         for i in range(MACHINES):
-            path = Path(f"v{version}") / f"m{i}.yaml"
+            path = f"v{version}/m{i}.yaml"
             (tmp_path / path).write_text(spec(i, version))
             specs[version].append(path)
     expected = {}
@@ -62,56 +122,59 @@ def test_a_build_killed_at_any_moment_leaves_old_or_new_files(
     old, new = expected[1], expected[2]
     assert old.keys() == new.keys() and all(old[k] != new[k] for k in old)
 
-    work = tmp_path / "work"  # the staging directory is the output's parent
-    out = work / "out"
-    first = out / sorted(old)[0]
-    command = [sys.executable, "-m", "fsmc", "build", *map(str, specs[2]), "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    started = time.monotonic()
-    subprocess.run(command, check=True, env=env, cwd=tmp_path)
-    full = time.monotonic() - started
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(staging)}
 
-    rng = random.Random(20240605)
-    seen_mixed = seen_old = leftovers = 0
-    for attempt in range(24):
-        ran = run_fsmc("build", *specs[1], "--out", out)  # back to the old version
-        assert ran.code == 0 and snapshot(out) == old, ran
-        inode = first.stat().st_ino
-        proc = subprocess.Popen(command, env=env, cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        if attempt % 2:
-            time.sleep(rng.uniform(0, full))  # anywhere in its life
-        else:  # while it writes: once the first file was replaced
-            deadline = time.monotonic() + 30
-            while first.stat().st_ino == inode and proc.poll() is None:
-                assert time.monotonic() < deadline, "the build never wrote"
-            time.sleep(rng.uniform(0, full / 3))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    def restore_old() -> None:
+        for rel, data in old.items():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_bytes(data)
+
+    def child(moment: tuple[int, str] | None) -> tuple[int, int, str, str]:
+        """(exit status, pid, stdout, stderr) of the counted build of v2."""
+        argv = ["build", *specs[2], "--out", str(out)]
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(moment), *argv],
+                                env=env, cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        stdout, stderr = proc.communicate(timeout=300)
+        return proc.returncode, proc.pid, stdout, stderr
+
+    restore_old()
+    code, _, stdout, stderr = child(None)
+    assert code == 0, stderr
+    assert snapshot(out) == new
+    calls = json.loads(stdout)
+    assert calls.count("replace") == len(new), calls  # one rename per file, nothing else
+    chosen = moments(calls)
+    assert len(chosen) >= 10, (chosen, calls)
+
+    seen, left = set(), set()
+    for index, when in chosen:
+        restore_old()
+        code, pid, _, stderr = child((index, when))
+        assert code == -9, (index, when, stderr)
+        renamed = calls[:index].count("replace") + (when == "after" and calls[index] == "replace")
 
         now = snapshot(out)
         assert now.keys() == old.keys(), sorted(now.keys() ^ old.keys())  # no stray file
         torn = [rel for rel, data in now.items() if data not in (old[rel], new[rel])]
-        assert not torn, f"half-written after kill {attempt}: {torn}"
-        # Staging happens in the output's parent. Where the kernel lets fsmc link an
-        # unnamed O_TMPFILE into place, a name exists there for microseconds; where
-        # it does not (linkat from /proc fails with EXDEV on some sandboxes), the
-        # bytes go to a named .fsmc-*.tmp file there, which a kill leaves behind:
-        # outside DIR, as the contract requires, but litter. Known gap; see the
-        # issue notes. Only such files may appear, never anything inside DIR.
-        staged = [p for p in work.iterdir() if p.name != "out"]
-        assert all(p.name.startswith(".fsmc-") and p.name.endswith(".tmp") for p in staged), staged
-        leftovers += len(staged)
-        for p in staged:
-            p.unlink()
-        written = sum(now[rel] == new[rel] for rel in now)
-        seen_mixed += 0 < written < len(now)
-        seen_old += written == 0
-    # The kills did land before, and in the middle of, the writing.
-    # (At least one of each: how many depends on timing, and these machines are shared.)
-    assert seen_mixed >= 1 and seen_old >= 1, (seen_mixed, seen_old, leftovers)
+        assert not torn, f"half-written after a kill {when} call {index} ({calls[index]}): {torn}"
+        assert sum(now[rel] == new[rel] for rel in now) == renamed, (index, when)
+        seen.add(0 if renamed == 0 else 2 if renamed == len(now) else 1)
+        # Staged bytes wait outside DIR. Where the kernel lets fsmc link an unnamed
+        # O_TMPFILE into place, a name exists there only between link and rename;
+        # elsewhere (linkat from /proc fails with EXDEV on some sandboxes) the bytes
+        # go to a named .fsmc-PID-*.tmp from the start. Either way only the killed
+        # process's own staged files may be left, and the next build removes them.
+        now_left = {p.name for p in staging.iterdir()} - left
+        assert all(n.startswith(f".fsmc-{pid}-") and n.endswith(".tmp") for n in now_left), now_left
+        left |= now_left
+    # The kills landed before any file was new, amid the renames, and after the last.
+    assert seen == {0, 1, 2}, seen
 
-    subprocess.run(command, check=True, env=env, cwd=tmp_path)
-    assert snapshot(out) == new
+    restore_old()
+    ran = run_fsmc("build", *specs[2], "--out", out)  # sweeps what the killed ones left
+    assert ran.code == 0, ran
+    assert snapshot(out) == new and list(staging.iterdir()) == [], left
     check = run_fsmc("build", *specs[2], "--out", out, "--check")
     assert check.code == 0, check
