@@ -88,7 +88,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         path.write_text(to_yaml(spec))
         paths.append(path)
     ran = run_fsmc("build", *paths, "--out", root / "out")
-    assert ran.code == 0 and assert_well_behaved(ran, seconds=30) == [], ran
+    assert ran.code == 0 and assert_well_behaved(ran, cpu_seconds=30) == [], ran
     return root / "out"
 
 

@@ -205,7 +205,12 @@ def test_hostile_sql_defines_exactly_the_expected_objects(tmp_path: Path, pg_dsn
 
 
 def world(conn: Any) -> dict[str, list[tuple[object, ...]]]:
-    """What exists outside the schemas the test loads into."""
+    """What exists outside the schemas the test loads into.
+
+    Only what this test alone can change: its own database's catalogs, and of the
+    cluster-wide ones (roles, databases, settings) only the rows a leak of this
+    test's text could create: the names its fragments hold, the settings of its
+    own database. Other users of the same server add roles and settings at will."""
     q = {
         "schemas": "SELECT nspname FROM pg_namespace WHERE nspname ~ '^[hp][0-9]+$'",
         "public": """SELECT relname, relkind::text FROM pg_class
@@ -214,9 +219,11 @@ def world(conn: Any) -> dict[str, list[tuple[object, ...]]]:
                         ('public'::regnamespace, 'pg_catalog'::regnamespace) ORDER BY 1""",
         "extensions": "SELECT extname FROM pg_extension ORDER BY 1",
         "event triggers": "SELECT evtname FROM pg_event_trigger ORDER BY 1",
-        "suspicious roles": "SELECT rolname FROM pg_roles WHERE rolname ~* 'pwn|canary'",
-        "suspicious databases": "SELECT datname FROM pg_database WHERE datname ~* 'pwn|canary'",
-        "settings": "SELECT setrole::regrole::text, setconfig::text FROM pg_db_role_setting",
+        "suspicious roles": "SELECT rolname FROM pg_roles WHERE rolname IN ('pwned', 'canary')",
+        "suspicious databases": "SELECT datname FROM pg_database WHERE datname IN ('pwned', 'canary')",
+        "settings": """SELECT setrole::regrole::text, setconfig::text FROM pg_db_role_setting
+                       WHERE setdatabase = (SELECT oid FROM pg_database
+                                            WHERE datname = current_database())""",
     }
     out = {k: conn.execute(v).fetchall() for k, v in q.items()}
     out["schemas"] = sorted(r[0] for r in out["schemas"])

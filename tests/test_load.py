@@ -123,9 +123,9 @@ def test_a_second_document_is_refused() -> None:
 
 def test_deep_nesting_is_refused_quickly_and_without_crashing() -> None:
     # libyaml's own composer recurses in C and kills the process on input like this.
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the wall clock measures a loaded machine
     found = diags("[" * 100_000 + "]" * 100_000)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     # Where it is noticed depends on the libyaml build (newer ones stop at their own
     # limit while scanning ahead); what the user is told does not.
     assert [(c, line, m) for c, line, _, m in found] == [
@@ -139,9 +139,9 @@ def test_an_alias_bomb_is_refused_quickly() -> None:
     for i in range(1, 9):
         prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
         lines.append(f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * 10) + "]")
-    start = time.perf_counter()
+    start = time.process_time()
     found = diags("\n".join(lines) + "\n")
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     assert len(found) == 1 and found[0][0] == "limit"
     assert "1,000,000 YAML nodes" in found[0][3]
 
