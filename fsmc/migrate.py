@@ -108,6 +108,7 @@ from fsmc.escape import SQL_NAME_MAX, sql_ident, sql_text_array
 from fsmc.model import Machine
 from fsmc.sqlparts import Statement, Table
 from fsmc.targets import sql as sql_target
+from fsmc.targets.common import migration_header
 from fsmc.templating import render
 
 LOCK_TIMEOUT = "5s"
@@ -340,10 +341,7 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> dict[str, object]:
 
     return {
         "machine": str(new.name),
-        "old_path": old.path,
-        "new_path": new.path,
-        "old_sha256": old.sha256,
-        "new_sha256": new.sha256,
+        "header": migration_header(old, new),
         "old_digest": machine_digest(old),
         "new_digest": machine_digest(new),
         "changes": changes,
