@@ -1,16 +1,24 @@
 """Diff rendering: `Changes` -> the text `fsmc diff` prints, in one of three formats.
 
-    text      one line per change, for a terminal; ANSI colour only when asked
-              (the CLI asks when stdout is a TTY and NO_COLOR is unset)
-    markdown  for a pull request: a summary line, a table of changes, descriptions
-              apart, and a Mermaid stateDiagram-v2 of NEW with the changes marked
-    json      contract section 5's object, plus `descriptions`
+    text      a summary line, then one line per change, BREAKING ones marked; ANSI
+              colour only when asked (the CLI asks when stdout is a TTY and NO_COLOR
+              is unset); reworded descriptions listed apart, as quoted literals
+    markdown  for a pull request: a bold summary line, a table of changes, a table
+              of reworded descriptions, and, when anything changed, a Mermaid
+              stateDiagram-v2 of NEW with the changes marked (removed transitions
+              and states drawn too)
+    json      one object: `states`, `events`, `terminals`, `transitions`, `initial`,
+              `options`, `breaking` and `descriptions` (contract section 5's keys,
+              but not yet `choices`)
 
-Every format lists changes in the same order (states, events, terminals, initial,
-transitions added, removed, retargeted) and is deterministic. Names are safe
-anywhere (`^[a-z][a-z0-9_]*$`); descriptions are free text, so each reaches output
-through one escaper: a quoted literal in text (a spec cannot send escape sequences
-to a terminal), `md_text` in Markdown, JSON strings in JSON. Nothing here prints.
+Text and Markdown list changes in one order (`rows`): states, events, terminals,
+the initial state, transitions added, removed and retargeted, then options; JSON
+keys them by kind, in the same order within each list. Every format is
+deterministic. Names and option values are safe anywhere (state and event names
+match `^[a-z][a-z0-9_]*$`, table names `^[a-z_][a-z0-9_]*$`, id types come from a
+fixed set); descriptions are free text, so each reaches output through one
+escaper: a Python string literal in text (a spec cannot send escape sequences to a
+terminal), `md_text` in Markdown, JSON strings in JSON. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ class Row:
     kind: str  # state, event, terminal, initial, transition, option
     action: str  # added, removed, changed, retargeted
     subject: str  # a name, or `from --event--> to`
-    note: str | None  # what a reviewer needs besides: the old target, the old initial
+    # What a reviewer needs besides: the old target or initial state, an option's
+    # `old -> new` values, or that an added terminal is an existing state.
+    note: str | None
     breaking: bool
 
     @property
@@ -50,6 +60,7 @@ class Row:
 
 
 def rows(changes: Changes) -> list[Row]:
+    """Every change as a row, in the order text and Markdown list them."""
     c = changes
     out: list[Row] = []
     for kind, names in (("state", c.states), ("event", c.events), ("terminal", c.terminals)):
@@ -206,8 +217,10 @@ def diagram(changes: Changes) -> str:
 
     State diagrams cannot style an edge, so changed edges say so in their label;
     removed edges (and the removed states they need) are drawn as well, so a
-    reviewer sees what went away. The edge list comes from `Changes` alone: NEW's
-    edges are the unchanged ones plus the added and retargeted ones.
+    reviewer sees what went away. Everything comes from `Changes`: the edges are
+    NEW's own (`changes.new`), labelled where added or retargeted, plus the removed
+    ones; states are marked by class as added, removed, or changed in role (made or
+    no longer terminal, or the new initial state).
     """
     c, new = changes, changes.new
     removed_states = [n.name for n in c.states.removed]

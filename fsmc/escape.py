@@ -1,10 +1,26 @@
 """Escape: one function per target language for every value that reaches generated code.
 
-Templates never quote or escape by hand; they call these (registered as Jinja
-filters). Each function returns text whose meaning in its target is exactly the
-input, whatever the input holds: quotes, backslashes, newlines, `*/`, `--`, `$$`,
-`{{ }}`, `%%`, non-ASCII. Comments cannot hold line breaks, so the comment
-functions fold all whitespace to single spaces and drop non-printable characters.
+Two kinds. The literal and identifier functions (`py_str`, `sql_str`,
+`sql_text_array`, `sql_ident`) return text whose meaning in the target is exactly
+the input, whatever it holds: quotes, backslashes, newlines, `*/`, `--`, `$$`,
+`{{ }}`, `%%`, non-ASCII. The SQL ones raise ValueError for what PostgreSQL cannot
+hold (NUL; an identifier over 63 bytes), which the schema stage refuses earlier.
+
+The one-line functions (`py_comment`, `sql_comment`, `mermaid_comment`,
+`html_comment`, `md_text`, `dot_id`) first `fold` the text, because comments, table
+cells and labels cannot hold a line break: every run of whitespace and
+non-printable characters becomes one space. Then each keeps the rest from ending
+or changing its context: `mermaid_comment` makes every run of `%` one (`%%{` opens
+a directive), `html_comment` writes `>` as `&gt;` and breaks up `--` (an HTML
+comment may hold neither), `md_text` backslash-escapes what Markdown would read as
+markup, `dot_id` quotes. A Python or SQL line comment needs nothing more.
+
+`sql_name` derives a name (index, constraint, trigger, function) from parts; it is
+no escape, and goes through `sql_ident` where SQL names it.
+
+Templates call `py_str`, `sql_str`, `md_text` (as `md`) and the comment functions
+as Jinja filters (see `fsmc.templating`); the targets' Python calls the others
+while building a template's context. No template quotes or escapes by hand.
 """
 
 from __future__ import annotations
@@ -23,7 +39,8 @@ _MD_BLOCK_START = re.compile(r"[-+*#>=]|\d+[.)]")
 
 
 def fold(text: str) -> str:
-    """One line of printable text: whitespace runs become one space."""
+    """One line of printable text: each non-printable character becomes a space, and
+    each run of white space one space, with none at either end."""
     return " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
 
 
@@ -194,5 +211,6 @@ def html_comment(text: str) -> str:
 
 
 def dot_id(text: str) -> str:
-    """A double-quoted Graphviz DOT identifier equal to `text`."""
+    """A double-quoted Graphviz DOT identifier equal to `text` folded to one line
+    (the names it is given have nothing to fold)."""
     return '"' + fold(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
