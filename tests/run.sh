@@ -6,12 +6,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The npm packages that check Mermaid install in the background, beside pip.
+npm_pid=
+if [ ! -d tests/mermaid/node_modules ] || [ tests/mermaid/package-lock.json -nt tests/mermaid/node_modules ]; then
+    npm ci --prefix tests/mermaid --no-audit --no-fund --loglevel=error &
+    npm_pid=$!
+fi
+
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-if [ ! -d tests/mermaid/node_modules ] || [ tests/mermaid/package-lock.json -nt tests/mermaid/node_modules ]; then
-    npm ci --prefix tests/mermaid --no-audit --no-fund --loglevel=error
+# Python packages, once per pyproject.toml (the stamp is the copy installed from):
+# pip takes seconds even when nothing is missing. --no-compile: bytecode is written
+# for the modules the tests import, when they first do, not for all of mypy and co.
+stamp=.venv/fsmc-installed-pyproject.toml
+if ! cmp -s pyproject.toml "$stamp"; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
+    cp pyproject.toml "$stamp"
+fi
+
+if [ -n "$npm_pid" ]; then
+    wait "$npm_pid"
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 exec python -m pytest -n 2 "$@"
