@@ -105,29 +105,20 @@ def migration_header(old: Machine, new: Machine) -> str:
 
 @dataclass(frozen=True)
 class Header:
-    """A machine's header, which each template takes in its file's syntax:
+    """A machine's header in each target's syntax; a template takes its file's:
     `{{ header.python }}`, `{{ header.sql }}`, `{{ header.mermaid }}`, `{{ header.html }}`."""
 
-    spec_path: str
-    spec_sha256: str
+    python: str
+    sql: str
+    mermaid: str
+    html: str
 
-    @property
-    def python(self) -> str:
-        return header(PYTHON, self.spec_path, self.spec_sha256)
-
-    @property
-    def sql(self) -> str:
-        return header(SQL, self.spec_path, self.spec_sha256)
-
-    @property
-    def mermaid(self) -> str:
-        return header(MERMAID, self.spec_path, self.spec_sha256)
-
-    @property
-    def html(self) -> str:
-        return header(HTML, self.spec_path, self.spec_sha256)
+    @staticmethod
+    def of(machine: Machine) -> Header:
+        syntaxes = (PYTHON, SQL, MERMAID, HTML)
+        return Header(*(header(c, machine.path, machine.sha256) for c in syntaxes))
 
 
 def header_context(machine: Machine) -> dict[str, Header]:
     """The template context every target's file takes its header from."""
-    return {"header": Header(machine.path, machine.sha256)}
+    return {"header": Header.of(machine)}
