@@ -50,12 +50,15 @@ def test_a_worker_idle_in_a_transaction_keeps_its_row_until_the_timeout_ends_it(
     with db.connect() as app:
         row_id, version = db.row_at(app, held)
     worker = db.connect()
-    worker.execute("SET idle_in_transaction_session_timeout = '500ms'")
+    # The supervisor's first reclaim must come before the timeout ends the worker's
+    # session. Its connection is open beforehand, so that is two statements later:
+    # milliseconds, against 2 s (500 ms was close to what a loaded machine can stall).
+    worker.execute("SET idle_in_transaction_session_timeout = '2s'")
     worker.commit()
-    # The worker heartbeats, then sits in its open transaction holding the row's lock.
-    assert worker.execute(db.q("SELECT {heartbeat}(%s, %s)"), (row_id, version)).fetchone() == (True,)
     with db.connect(autocommit=True) as supervisor:
         reclaim = db.q("SELECT {reclaim}('1 microsecond', 'supervisor')")
+        # The worker heartbeats, then sits in its open transaction holding the row's lock.
+        assert worker.execute(db.q("SELECT {heartbeat}(%s, %s)"), (row_id, version)).fetchone() == (True,)
         assert (row_id,) not in supervisor.execute(reclaim).fetchall()  # skipped, not waited on
         deadline = time.monotonic() + 30
         while (row_id,) not in supervisor.execute(reclaim).fetchall():

@@ -807,13 +807,17 @@ def hot_updates(db: Scratch, table_conn: psycopg.Connection[Any]) -> tuple[int, 
 def count_heartbeat_updates(db: Scratch, beats: int) -> tuple[int, int]:
     """(updates, HOT updates) that `beats` heartbeats add to pg_stat_user_tables."""
     held = sorted(lease_states(db.machine))
-    with db.connect() as conn:
+    with db.connect(autocommit=True) as conn:
         rows = [db.row_at(conn, held[i % len(held)]) for i in range(5)]
+        # A backend sends its counts when it goes idle after this, before it answers:
+        # the updates that made the rows are counted before `before` is read.
+        conn.execute("SELECT pg_stat_force_next_flush()")
     with db.connect(autocommit=True) as worker, db.superuser(autocommit=True) as stats:
         stats.execute("SET stats_fetch_consistency = none")
-        worker.execute("SELECT pg_stat_force_next_flush()")
-        time.sleep(0.05)
-        before = hot_updates(db, stats)
+        before, again = None, hot_updates(db, stats)
+        while again != before:  # an earlier test's session may still be sending its
+            time.sleep(0.1)  # counts as it exits: read until they hold still
+            before, again = again, hot_updates(db, stats)
         for i in range(beats):
             row_id, version = rows[i % len(rows)]
             assert worker.execute(db.q("SELECT {heartbeat}(%s, %s)"), (row_id, version)).fetchone() == (True,)
