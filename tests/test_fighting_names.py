@@ -121,7 +121,7 @@ def test_no_module_shadows_the_standard_library(built: Path) -> None:
 
 def test_the_generated_suites_pass(built: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest",
          "-p", "no:randomly", str(built)],
         capture_output=True, text=True, cwd=built, timeout=300,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},

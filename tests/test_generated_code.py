@@ -38,7 +38,7 @@ def copy_machine(name: str, tmp_path: Path) -> Path:
 
 
 def pytest_on(folder: Path) -> subprocess.CompletedProcess[str]:
-    return run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+    return run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest",
                str(folder), cwd=folder)  # fmt: skip
 
 
@@ -134,7 +134,7 @@ def test_every_state_reachable_from_queued():
 def test_the_seeds_own_check_passes_unchanged_against_the_generated_module(tmp_path: Path) -> None:
     folder = copy_machine("job", tmp_path)
     (folder / "test_seed.py").write_text(textwrap.dedent(SEED_TEST))
-    done = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+    done = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest",
                "test_seed.py", cwd=folder)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout

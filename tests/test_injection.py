@@ -162,7 +162,7 @@ def test_hostile_outputs_pass_ruff_real_mermaid_and_their_own_suites(tmp_path: P
         assert result.is_state_diagram, (result.error, spec)
         assert sorted(result.state_labels) == sorted(spec["states"]), spec
     suites = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest",
          str(everything)],
         capture_output=True, text=True, cwd=everything, timeout=300,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
@@ -268,7 +268,7 @@ def test_a_one_state_machine_gets_a_suite_that_passes(tmp_path: Path) -> None:
             "terminals": ["done"], "events": ["poke"], "transitions": []}  # fmt: skip
     files = build(spec, tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "."],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest", "."],
         capture_output=True, text=True, cwd=files["folder"], timeout=120,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )  # fmt: skip
