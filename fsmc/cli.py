@@ -27,8 +27,12 @@ class Trouble(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    parser, commands = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _refuse_unknown_command(parser, commands, argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own usage says which options it takes, not the top level's
+        commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_TROUBLE
@@ -58,7 +62,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             gc.enable()
 
 
-def _parser() -> argparse.ArgumentParser:
+def _refuse_unknown_command(
+    parser: argparse.ArgumentParser, commands: dict[str, argparse.ArgumentParser], argv: list[str]
+) -> None:
+    """A mistyped command gets a suggestion, as git's does. The top level has no
+    option that takes a value, so its first word not starting with `-` is the command."""
+    import difflib
+
+    word = next((a for a in argv if not a.startswith("-")), None)
+    if word is None or word in commands or "--" in argv[: argv.index(word)]:
+        return
+    close = difflib.get_close_matches(word, list(commands), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else f" (commands: {', '.join(commands)})"
+    parser.error(f"unknown command '{word}'{hint}")
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     p = argparse.ArgumentParser(
         prog="fsmc",
         description="Check a state-machine spec, and generate Python, PostgreSQL, "
@@ -100,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
 
     schema = sub.add_parser("schema", help="print the JSON Schema of the spec language")
     schema.set_defaults(run=_schema)
-    return p
+    return p, dict(sub.choices)
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
@@ -109,12 +128,11 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="warnings fail too")
 
 
-def _print_diagnostics(diagnostics: list[Diagnostic], fmt: str) -> None:
-    text = render(diagnostics, fmt)
-    if fmt == "text":
-        sys.stderr.write(text)
-    elif fmt == "json" or text:
-        sys.stdout.write(text)
+def _print_diagnostics(diagnostics: list[Diagnostic], fmt: str, *, data_on_stdout: bool = False) -> None:
+    """Diagnostics go to stdout, as mypy's and ruff's do (`fsmc check x.yaml | grep
+    trap`); for a command whose stdout is its product (a diagram, a diff, SQL), to
+    stderr, so that `fsmc graph x.yaml > x.mmd` stays a valid diagram."""
+    (sys.stderr if data_on_stdout else sys.stdout).write(render(diagnostics, fmt))
 
 
 def _checked(arg: str):  # type: ignore[no-untyped-def]
@@ -176,12 +194,13 @@ def _build(args: argparse.Namespace) -> int:
             return EXIT_OK
         # The diff is for people; with --format json or github stdout stays parseable.
         (sys.stdout if args.format == "text" else sys.stderr).write(stale.diff)
-        for rel in stale.changed:
-            print(f"fsmc: stale: {(out / rel).as_posix()}", file=sys.stderr)
-        for rel in stale.missing:
-            print(f"fsmc: missing: {(out / rel).as_posix()}", file=sys.stderr)
-        for rel in stale.orphans:
-            print(f"fsmc: orphan: {(out / rel).as_posix()}", file=sys.stderr)
+        for kind, rels in (("stale", stale.changed), ("missing", stale.missing),
+                           ("orphan", stale.orphans)):  # fmt: skip
+            for rel in rels:
+                shown = (out / rel).as_posix()
+                print(f"fsmc: {kind}: {shown}", file=sys.stderr)
+                if args.format == "github":  # a pointer in the Actions run, per file
+                    print(_stale_annotation(kind, shown))
         print("fsmc: generated files are out of date; run fsmc build", file=sys.stderr)
         return EXIT_ERRORS
     try:
@@ -191,12 +210,32 @@ def _build(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_STALE_MESSAGES = {
+    "stale": "differs from what fsmc build generates; run fsmc build",
+    "missing": "is missing; run fsmc build",
+    "orphan": "was generated for a machine the specs no longer define; run fsmc build to remove it",
+}
+
+
+def _stale_annotation(kind: str, path: str) -> str:
+    """One GitHub Actions `::error` for a generated file that is not current
+    (workflow-command escaping as actions/toolkit does it)."""
+    def data(value: str) -> str:
+        return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+    def prop(value: str) -> str:
+        return data(value).replace(":", "%3A").replace(",", "%2C")
+
+    message = f"{path} {_STALE_MESSAGES[kind]}"
+    return f"::error file={prop(path)},title={prop(f'fsmc build --check: {kind}')}::{data(message)}"
+
+
 def _graph(args: argparse.Namespace) -> int:
     from fsmc.targets import graph
 
     result = _checked(args.spec)
     blocking = [d for d in result.diagnostics if d.is_error and d.code in graph.BLOCKING]
-    _print_diagnostics(result.diagnostics, "text")
+    _print_diagnostics(result.diagnostics, "text", data_on_stdout=True)
     if result.machine is None or blocking:
         return EXIT_ERRORS
     sys.stdout.write(graph.render(result.machine, args.format))
@@ -212,7 +251,7 @@ def _diff(args: argparse.Namespace) -> int:
     old, new = _checked(args.old), _checked(args.new)
     broken = [(arg, r) for arg, r in ((args.old, old), (args.new, new)) if not r.ok()]
     if broken:
-        _print_diagnostics([d for _, r in broken for d in r.diagnostics], "text")
+        _print_diagnostics([d for _, r in broken for d in r.diagnostics], "text", data_on_stdout=True)
         names = " and ".join(arg for arg, _ in broken)
         raise Trouble(f"cannot compare: {names} {'has' if len(broken) == 1 else 'have'} errors")
     if old.machine.name != new.machine.name:
@@ -232,7 +271,8 @@ def _migrate(args: argparse.Namespace) -> int:
 
     old, new = _checked(args.old), _checked(args.new)
     broken = [(arg, r) for arg, r in ((args.old, old), (args.new, new)) if not r.ok()]
-    _print_diagnostics([d for _, r in ((args.old, old), (args.new, new)) for d in r.diagnostics], "text")
+    both = [d for _, r in ((args.old, old), (args.new, new)) for d in r.diagnostics]
+    _print_diagnostics(both, "text", data_on_stdout=True)
     if broken:
         names = " and ".join(arg for arg, _ in broken)
         print(f"fsmc: nothing written: {names} {'has' if len(broken) == 1 else 'have'} errors",

@@ -4,7 +4,7 @@ A `Diagnostic` is five facts (position, severity, code, message) plus the file i
 belongs to. Stages create them with 1-based lines and columns; only the CLI prints
 them, in one of three formats:
 
-    text    FILE:LINE:COL: SEVERITY: MESSAGE [CODE]      (stderr, like mypy and ruff)
+    text    FILE:LINE:COL: SEVERITY: MESSAGE [CODE]      (stdout, like mypy and ruff)
     json    a JSON array of {file, line, col, severity, code, message}   (stdout)
     github  ::error file=F,line=L,col=C,title=CODE::MESSAGE   (stdout, Actions annotations)
 

@@ -415,6 +415,9 @@ def _kind(value: Any) -> str:
     return "a " + type(value).__name__
 
 
+_SHOWN = 60  # characters of a string value a message quotes
+
+
 def describe_value(value: Any) -> str:
     """How a diagnostic names a value the user wrote: `boolean true`, `integer 5`."""
     if isinstance(value, dict):
@@ -422,6 +425,8 @@ def describe_value(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     if isinstance(value, str):
+        if len(value) > _SHOWN:  # a whole non-spec file (`fsmc check /etc/passwd`) is one string
+            return f"string '{value[:_SHOWN]}...' ({len(value):,} characters)"
         return f"string '{value}'"
     if value is None:
         return "null"

@@ -22,6 +22,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -166,12 +167,34 @@ def write(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset())
         except OSError:
             pass
         path.parent.mkdir(parents=True, exist_ok=True)
-        replace_atomically(path, data, staging)
+        try:
+            replace_atomically(path, data, staging)
+        except OSError as exc:  # name the file the user asked for, not our staged copy
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         written.append(rel)
+    emptied = set()
     for rel in orphans(out, files, specs):
         (out / rel).unlink()
         written.append(rel)
+        emptied.add(out / rel.split("/", 1)[0])
+    for folder in sorted(emptied):
+        _remove_if_emptied(folder)
     return written
+
+
+def _remove_if_emptied(folder: Path) -> None:
+    """Remove a machine folder that removing orphans left with nothing but caches
+    (a renamed machine's old folder): build emptied it, so build tidies it away.
+    Anything else in it (a user's note, a nested folder) keeps it."""
+    try:
+        left = list(folder.iterdir())
+        if any(p.name not in _IGNORED_DIRS or p.is_symlink() or not p.is_dir() for p in left):
+            return
+        for cache in left:
+            shutil.rmtree(cache)
+        folder.rmdir()
+    except OSError:
+        pass  # tidying is a courtesy; the build itself succeeded
 
 
 def staging_dir(out: Path) -> Path:

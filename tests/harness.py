@@ -3,9 +3,10 @@
 `run_fsmc(*argv)` calls `fsmc.cli.main` with stdout and stderr captured (no pytest
 fixture, so hypothesis can call it many times per test) and measures the CPU time
 it took. `assert_well_behaved` holds one run to the contract: exit 0, 1 or 2, every
-stderr line a diagnostic in `FILE:LINE:COL: SEVERITY: MESSAGE [CODE]` form or one
-of the CLI's own `fsmc: ...` lines, never a traceback or an internal error, and
-ended "within seconds" (contract 2).
+line of the diagnostics' stream (stdout for check and build, stderr for the commands
+whose stdout is their product) a diagnostic in `FILE:LINE:COL: SEVERITY: MESSAGE
+[CODE]` form, every other stderr line one of the CLI's own `fsmc: ...` lines, never
+a traceback or an internal error, and ended "within seconds" (contract 2).
 
 Time budgets count CPU seconds, not wall-clock ones: on a shared 2-core machine
 the wall clock mostly measures the other users (a 1 s run took 14.6 s under load),
@@ -48,6 +49,7 @@ class Ran:
     out: str
     err: str
     cpu: float  # CPU seconds the run took (this process: user + system)
+    argv: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return (f"Ran(code={self.code}, {self.cpu:.2f} s CPU, out={self.out[-1500:]!r}, "
@@ -62,7 +64,8 @@ def run_fsmc(*argv: str | Path) -> Ran:
             code = main([str(a) for a in argv])
         except SystemExit as exc:  # argparse usage errors
             code = exc.code if isinstance(exc.code, int) else 2
-    return Ran(code, out.getvalue(), err.getvalue(), time.process_time() - started)
+    return Ran(code, out.getvalue(), err.getvalue(), time.process_time() - started,
+               tuple(str(a) for a in argv))  # fmt: skip
 
 
 def assert_well_behaved(ran: Ran, *, cpu_seconds: float = 5.0) -> list[re.Match[str]]:
@@ -72,12 +75,18 @@ def assert_well_behaved(ran: Ran, *, cpu_seconds: float = 5.0) -> list[re.Match[
     assert "Traceback" not in ran.err and "internal error" not in ran.err, ran
     assert ran.cpu < cpu_seconds, ran
     found = []
-    for line in ran.err.splitlines():
+    on_stdout = ran.argv[:1] in (("check",), ("build",))
+    # `build --check` prints its diff after the diagnostics
+    lines = [(line, True) for line in ran.out.splitlines() if "--check" not in ran.argv]
+    lines += [(line, False) for line in ran.err.splitlines()]
+    for line, from_stdout in lines:
         match = DIAGNOSTIC.fullmatch(line)
-        if match:
+        if match and from_stdout == on_stdout:
             assert match["code"] in CODES, (line, ran)
             assert CODES[match["code"]][0] == match["severity"], (line, ran)
             found.append(match)
+        elif from_stdout:
+            assert not on_stdout, (f"not a diagnostic line on stdout: {line!r}", ran)
         else:
             assert CLI_LINE.fullmatch(line), (f"not a diagnostic line: {line!r}", ran)
     if ran.code == 1 and not any(m["severity"] == "error" for m in found):

@@ -213,7 +213,7 @@ def test_names_that_cannot_work_are_refused_with_bad_name(name: str, tmp_path: P
         found = assert_well_behaved(ran)
         assert ran.code == 1, ran
         assert [(m["code"], m["line"], m["col"]) for m in found] == [("bad-name", str(line), "10")]
-        assert f"machine name '{name}' cannot be used" in ran.err, ran
+        assert f"machine name '{name}' cannot be used" in ran.out, ran
     assert not (tmp_path / "out").exists()
 
 

@@ -216,4 +216,4 @@ def test_machine_names_whose_class_would_replace_a_module_name_are_refused(name:
     spec = tmp_path / "m.yaml"
     spec.write_text((GENERATED.parent / "specs" / "runner.yaml").read_text().replace("machine: runner", f"machine: {name}"))
     ran = fsmc("check", spec)
-    assert ran.code == 1 and "[bad-name]" in ran.err and ran.err.count("\n") == 1
+    assert ran.code == 1 and "[bad-name]" in ran.out and ran.out.count("\n") == 1

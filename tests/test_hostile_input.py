@@ -261,7 +261,7 @@ def test_tags_never_run_anything(tmp_path: Path) -> None:
                 ran = run_fsmc(*argv)
                 found = assert_well_behaved(ran)
                 assert ran.code == 1 and "yaml-syntax" in codes(found), ran
-                assert "tags are not allowed" in ran.err, ran
+                assert "tags are not allowed" in ran.out + ran.err, ran
     assert not marker.exists()
     assert not (tmp_path / "out").exists()
 
@@ -292,10 +292,10 @@ def test_deep_nesting_is_refused_by_a_real_process_without_crashing(tmp_path: Pa
     assert done.returncode == 1, done
     assert "Traceback" not in done.stderr
     for path in paths:
-        mine = [line for line in done.stderr.splitlines() if line.startswith(path + ":")]
-        assert mine, (path, done.stderr[-3000:])
+        mine = [line for line in done.stdout.splitlines() if line.startswith(path + ":")]
+        assert mine, (path, done.stdout[-3000:], done.stderr[-3000:])
         assert any(line.endswith("[limit]") or line.endswith("[yaml-syntax]") for line in mine)
-    limited = [line for line in done.stderr.splitlines() if line.endswith("[limit]")]
+    limited = [line for line in done.stdout.splitlines() if line.endswith("[limit]")]
     assert all(f"deeper than {MAX_DEPTH} levels" in line for line in limited)
     assert len(limited) >= len(paths) - 1  # the unclosed one may end as a syntax error
 
@@ -331,7 +331,7 @@ def test_diagnostics_point_at_the_same_line_and_column_whatever_the_line_endings
     a, b = run_fsmc("check", plain), run_fsmc("check", other)
     assert a.code == b.code == 1
     assert_well_behaved(a), assert_well_behaved(b)
-    assert a.err.replace(str(plain), "F") == b.err.replace(str(other), "F")
+    assert a.out.replace(str(plain), "F") == b.out.replace(str(other), "F")
 
 
 def assert_same_build(a: Path, b: Path, tmp_path: Path) -> None:
@@ -448,8 +448,8 @@ def test_the_real_entry_point_never_prints_a_traceback(tmp_path: Path) -> None:
         [sys.executable, "-m", "fsmc", "check", *paths],
         capture_output=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
-    err = done.stderr.decode("utf-8")
+    err, out = done.stderr.decode("utf-8"), done.stdout.decode("utf-8")
     assert done.returncode == 1, err[-3000:]
-    assert "Traceback" not in err and "internal error" not in err
-    for line in err.splitlines():
+    assert "Traceback" not in err and "internal error" not in err and err == "", err[-3000:]
+    for line in out.splitlines():
         assert line.startswith(tuple(p + ":" for p in paths)), line

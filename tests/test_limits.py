@@ -29,13 +29,14 @@ MiB = 1024 * 1024
 
 
 def run_measured(*argv: str, cwd: Path) -> tuple[int, str, float, int]:
-    """(exit status, stderr, CPU seconds, peak RSS in bytes) of `python -m fsmc ARGV`."""
+    """(exit status, output, CPU seconds, peak RSS in bytes) of `python -m fsmc ARGV`;
+    the output is stdout (diagnostics) and stderr (`fsmc: ...` lines) in one."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "fsmc", *argv], cwd=cwd,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
-    err = proc.stderr.read() if proc.stderr else b""
+    err = proc.stdout.read() if proc.stdout else b""
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     cpu = usage.ru_utime + usage.ru_stime
