@@ -68,7 +68,7 @@ def assert_well_behaved(ran: Ran, *, seconds: float = 5.0) -> list[re.Match[str]
         match = DIAGNOSTIC.fullmatch(line)
         if match:
             assert match["code"] in CODES, (line, ran)
-            assert CODES[match["code"]][0] == match["severity"], (line, ran)
+            assert CODES[match["code"]].severity == match["severity"], (line, ran)
             found.append(match)
         else:
             assert CLI_LINE.fullmatch(line), (f"not a diagnostic line: {line!r}", ran)
