@@ -103,3 +103,28 @@ def test_editing_one_choice_target_makes_the_generated_suite_fail(tmp_path: Path
 def test_editing_one_cap_makes_the_generated_suite_fail(tmp_path: Path) -> None:
     out = _suite_after_editing(tmp_path, "task", "        Event.RETRY: 5,\n", "        Event.RETRY: 6,\n")
     assert "test_the_table_is_exactly_the_specs" in out
+
+
+def test_real_mermaid_draws_one_arrow_per_choice_target() -> None:
+    from fsmc.targets import mermaid
+    from tests import mermaid_check
+
+    machines = [check(read(str(spec))).machine for spec in SPECS]
+    results = mermaid_check.parse_all([mermaid.diagram(m) for m in machines if m is not None])
+    for machine, result in zip(machines, results, strict=True):
+        assert machine is not None and result.ok and result.is_state_diagram, machine.name
+        arrows = sorted((s, t, e) for s, t, e in result.edges if mermaid_check.START not in (s, t))
+        assert arrows == sorted((s, t, e) for s, e, t in machine.edges), machine.name
+        choice_arrows = {(s, t, e) for s, t, e in arrows if (s, e) in machine.choices}
+        assert len(choice_arrows) == sum(len(ts) for ts in machine.choices.values())
+
+
+def test_graph_dot_draws_one_edge_per_choice_target() -> None:
+    from fsmc.targets import graph
+
+    machine = check(read(str(MACHINES / "example_choice.yaml"))).machine
+    assert machine is not None
+    text = graph.dot(machine)
+    for target in ("approved", "changes_requested", "open"):
+        assert f'"open" -> "{target}" [label="review"];' in text
+    assert text.count('[label="withdraw"]') == 3  # the wildcard, expanded

@@ -39,8 +39,8 @@ def run(marked: str) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, i
         lines.append(line)
     text = "\n".join(lines)
     result = check(Source("spec.yaml", "spec.yaml", text.encode()))
-    found = sorted((d.code, d.line, d.col) for d in result.diagnostics)
-    codes = {d.code for d in result.diagnostics}
+    found = sorted((str(d.code), d.line, d.col) for d in result.diagnostics)
+    codes = {str(d.code) for d in result.diagnostics}
     want = sorted((code, line, col) for code in codes for line, col in expected)
     return found, want, [d.message for d in sorted(result.diagnostics)]
 
