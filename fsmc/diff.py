@@ -209,7 +209,7 @@ def compare(old: Machine, new: Machine) -> Changes:
         new=Shape(
             new.state_names,
             str(new.initial),
-            tuple(s for s in new.state_names if s in new_terminals),
+            new.terminals_in_order,
             new.edges,
         ),
         states=Names(
@@ -320,12 +320,9 @@ def _declared(declarations: Iterable[Declaration]) -> dict[str, str | None]:
 
 
 def _edge_descriptions(m: Machine) -> dict[tuple[str, str], str | None]:
-    """(from, event) -> description, in spec order, the first declaration winning as in
-    `Machine.table` (a `from` list shares one description among its edges)."""
-    out: dict[tuple[str, str], str | None] = {}
-    for t in m.transitions:
-        out.setdefault((str(t.source), str(t.event)), _norm(t.description))
-    return out
+    """(from, event) -> the description of its declaration (`Machine.first`; a `from`
+    list or a wildcard shares one description among its pairs)."""
+    return {pair: _norm(t.description) for pair, t in m.first.items()}
 
 
 def _changed(
