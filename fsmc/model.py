@@ -242,7 +242,7 @@ def _transitions(
         wildcard = False
         if isinstance(source, Text) and source == WILDCARD:
             wildcard = True
-            excepted = _names(item.get("except"))
+            excepted = tuple(n for n in _names(item.get("except")) if n != WILDCARD)
             wildcards.append(Wildcard(index, source, excepted))
             sources = _expand(source, states, terminals, excepted)
         elif isinstance(source, Text):
@@ -262,7 +262,8 @@ def _targets(value: Any) -> tuple[Text, ...]:
         return (value,)
     seen: dict[str, Text] = {}
     for name in _names(value):
-        seen.setdefault(name, name)
+        if name != WILDCARD:  # "*" in a list is a schema error; it names no state
+            seen.setdefault(name, name)
     return tuple(seen.values())
 
 

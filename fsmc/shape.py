@@ -190,6 +190,8 @@ def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | Non
     if kind == "uniqueItems":
         return _repeated(doc, parts, where, error.instance)
     if kind in ("minimum", "maximum") and parts[:1] == ["caps"]:
+        if isinstance(error.instance, float) and not error.instance.is_integer():
+            return None  # infinity: its `type` error already says it is no integer
         return _diag(
             doc, position_of(doc.root, parts),
             f"{where}: a cap is an integer from 1 to {MAX_CAP:,}; "

@@ -128,3 +128,30 @@ def test_graph_dot_draws_one_edge_per_choice_target() -> None:
     for target in ("approved", "changes_requested", "open"):
         assert f'"open" -> "{target}" [label="review"];' in text
     assert text.count('[label="withdraw"]') == 3  # the wildcard, expanded
+
+
+def test_transition_sends_to_by_name_and_only_when_given(pg_dsn: str, tmp_path: Path) -> None:
+    # Without `to`, transition() calls today's <machine>_apply unchanged; with it, it
+    # passes `to_state => ...` by name, so a schema whose function lacks the
+    # parameter says so by name (and one that has it takes it).
+    import psycopg
+
+    from tests.pg_scratch import Scratch, machine_from_text, module_of
+
+    machine = machine_from_text((MACHINES / "task_capped.yaml").read_text(), "task_capped.yaml")
+    scratch = Scratch.create(pg_dsn, machine)
+    try:
+        module = module_of(machine, tmp_path)
+        with scratch.connect() as conn:
+            row_id = scratch.new_row(conn)
+            assert module.transition(conn, row_id, "acquire", expected_version=0, actor="t") == 1
+            try:
+                got = module.transition(conn, row_id, "begin", expected_version=1, actor="t", to="working")
+            except psycopg.errors.UndefinedFunction as error:
+                assert "to_state =>" in str(error), error
+            else:
+                assert got == 2
+            with pytest.raises(ValueError, match="'nowhere'"):
+                module.transition(conn, row_id, "begin", expected_version=1, actor="t", to="nowhere")
+    finally:
+        scratch.drop()

@@ -428,3 +428,13 @@ def test_a_duplicate_pair_does_not_make_its_second_target_unreachable() -> None:
         + "  - {from: @running, event: finish, to: low}\n"
         + "  - {from: low, event: back, to: running}\n",
     )
+
+
+def test_a_wildcard_in_a_to_or_except_list_is_one_diagnostic() -> None:
+    kill = BASE.replace("[start, finish]", "[start, finish, kill]")
+    assert_only("schema", kill + '  - {from: "*", event: kill, to: [@"*", done]}\n', "transitions[2].to[0]")
+    assert_only("schema", kill + '  - {from: "*", except: [@"*"], event: kill, to: done}\n')
+
+
+def test_an_infinite_cap_is_one_diagnostic() -> None:
+    assert_only("schema", BASE + "caps: {start: @.inf}\n", "expected an integer, got number inf")
