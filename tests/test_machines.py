@@ -155,3 +155,17 @@ def test_transition_sends_to_by_name_and_only_when_given(pg_dsn: str, tmp_path: 
                 module.transition(conn, row_id, "begin", expected_version=1, actor="t", to="nowhere")
     finally:
         scratch.drop()
+
+
+def test_every_machine_fits_the_published_json_schema() -> None:
+    # What an editor checks a spec against (`fsmc schema`), apart from fsmc's loader.
+    import json
+
+    import jsonschema
+    import yaml
+
+    from fsmc.shape import schema_text
+
+    validator = jsonschema.Draft202012Validator(json.loads(schema_text()))
+    for spec in SPECS:
+        assert list(validator.iter_errors(yaml.safe_load(spec.read_text()))) == [], spec.name
