@@ -21,24 +21,61 @@ from typing import Literal
 
 Severity = Literal["error", "warning"]
 
+
+class Code(str):
+    """A diagnostic code, as mypy's `ErrorCode`: the kebab-case string users see and
+    filter on, carrying its severity, a one-line summary (the README's table) and
+    whether it makes the machine's graph meaningless.
+
+    `blocks_graph` codes mean the names or the shape do not resolve into the machine
+    the author meant: the graph rules do not run after one (one mistake, one
+    diagnostic), and `fsmc graph` does not draw the machine. A `str` subclass, so a
+    code compares, sorts, hashes and serialises as its string.
+    """
+
+    severity: Severity
+    summary: str
+    blocks_graph: bool
+
+    def __new__(cls, code: str, severity: Severity, summary: str, *, blocks_graph: bool = False) -> Code:
+        self = super().__new__(cls, code)
+        self.severity = severity
+        self.summary = summary
+        self.blocks_graph = blocks_graph
+        return self
+
+
+YAML_SYNTAX = Code("yaml-syntax", "error", "the file is not valid YAML (or not UTF-8 text)", blocks_graph=True)
+DUPLICATE_KEY = Code("duplicate-key", "error", "a mapping repeats a key", blocks_graph=True)
+SCHEMA = Code("schema", "error", "the document does not fit the spec language", blocks_graph=True)
+LIMIT = Code("limit", "error", "the file is past one of fsmc's documented size limits", blocks_graph=True)
+BAD_NAME = Code("bad-name", "error", "a name breaks the naming rule", blocks_graph=True)
+DUPLICATE_NAME = Code("duplicate-name", "error", "a state or event is declared twice", blocks_graph=True)
+UNKNOWN_STATE = Code("unknown-state", "error", "a reference names an undeclared state", blocks_graph=True)
+UNKNOWN_EVENT = Code("unknown-event", "error", "a reference names an undeclared event", blocks_graph=True)
+DUPLICATE_TRANSITION = Code(
+    "duplicate-transition", "error", "the same (from, event) pair is declared twice"
+)
+UNREACHABLE_STATE = Code("unreachable-state", "error", "a state cannot be reached from `initial`")
+TERMINAL_EXIT = Code("terminal-exit", "error", "a terminal state has an outgoing transition")
+DEAD_END = Code("dead-end", "error", "a non-terminal state has no outgoing transition")
+TRAP = Code("trap", "error", "from a non-terminal state no terminal state can be reached")
+LEASE_RECLAIM = Code("lease-reclaim", "error", "a lease state has no transition on the reclaim event")
+CAP_TRAP = Code(
+    "cap-trap", "error", "every way out of a non-terminal state is a capped event"
+)
+UNUSED_EVENT = Code("unused-event", "warning", "a declared event is used by no transition")
+
 # The contract's table of codes, in the order the README lists them.
-CODES: dict[str, tuple[Severity, str]] = {
-    "yaml-syntax": ("error", "the file is not valid YAML (or not UTF-8 text)"),
-    "duplicate-key": ("error", "a mapping repeats a key"),
-    "schema": ("error", "the document does not fit the spec language"),
-    "limit": ("error", "the file is past one of fsmc's documented size limits"),
-    "bad-name": ("error", "a name breaks the naming rule"),
-    "duplicate-name": ("error", "a state or event is declared twice"),
-    "unknown-state": ("error", "a reference names an undeclared state"),
-    "unknown-event": ("error", "a reference names an undeclared event"),
-    "duplicate-transition": ("error", "the same (from, event) pair is declared twice"),
-    "unreachable-state": ("error", "a state cannot be reached from `initial`"),
-    "terminal-exit": ("error", "a terminal state has an outgoing transition"),
-    "dead-end": ("error", "a non-terminal state has no outgoing transition"),
-    "trap": ("error", "from a non-terminal state no terminal state can be reached"),
-    "lease-reclaim": ("error", "a lease state has no transition on the reclaim event"),
-    "unused-event": ("warning", "a declared event is used by no transition"),
-}
+CODES: dict[str, Code] = {
+    c: c
+    for c in (
+        YAML_SYNTAX, DUPLICATE_KEY, SCHEMA, LIMIT, BAD_NAME, DUPLICATE_NAME, UNKNOWN_STATE,
+        UNKNOWN_EVENT, DUPLICATE_TRANSITION, UNREACHABLE_STATE, TERMINAL_EXIT, DEAD_END,
+        TRAP, LEASE_RECLAIM, CAP_TRAP, UNUSED_EVENT,
+    )
+}  # fmt: skip
+BLOCKS_GRAPH: frozenset[str] = frozenset(c for c in CODES.values() if c.blocks_graph)
 
 
 @dataclass(frozen=True, order=True)
@@ -46,12 +83,16 @@ class Diagnostic:
     file: str
     line: int
     col: int
-    code: str
+    code: Code
     message: str
 
     @property
     def severity(self) -> Severity:
-        return CODES[self.code][0]
+        return CODES[self.code].severity
+
+    @property
+    def blocks_graph(self) -> bool:
+        return CODES[self.code].blocks_graph
 
     @property
     def is_error(self) -> bool:

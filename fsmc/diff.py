@@ -6,18 +6,21 @@ with errors and machines of different names before calling it) and returns
 
 What counts as a change is what running code and stored rows can observe: states,
 events and terminals added or removed, the initial state, and the transition table
-as (from, event) -> to. Transitions are compared as that table, so splitting a
-`from` list, reordering the YAML or re-quoting a name is no change, and a (from,
-event) pair present in both with another `to` is one retargeting, not a removal plus
-an addition. Descriptions are listed apart in `descriptions` and are never changes:
+as (from, event) -> its targets, wildcards expanded. Transitions are compared as
+that table, so splitting a `from` list, writing it as `"*"`, reordering the YAML or
+re-quoting a name is no change; a (from, event) pair present in both with another
+single `to` is one retargeting, not a removal plus an addition, and one whose
+targets changed where either side is a choice is one `Choice` change. A pair only
+one side has is added or removed once per target. Descriptions are listed apart in `descriptions` and are never changes:
 they alter no behaviour. The lease and postgres options are compared too, as
-`options` (section 5 does not name them, but `fsmc migrate` acts on them, so a
-diff that called such a pair "the same" would hide a schema change): each option
-by its effective value, defaults applied, so writing out a default is no change.
+`options` (`fsmc migrate` acts on them, so a diff that called such a pair "the
+same" would hide a schema change): each option by its effective value, defaults
+applied, so writing out a default is no change; caps are options `caps.<event>`.
 
 Each change says whether it is `breaking`: removing a state, an event or a
-transition, retargeting, changing the initial state, and making a state that OLD
-already had terminal are breaking; additions, and a terminal that stops being one
+transition, retargeting, changing the initial state, making a state that OLD
+already had terminal, a choice losing a target or a single target becoming a
+choice, and adding or lowering a cap are breaking; additions, and a terminal that stops being one
 (it only gains transitions), are compatible.
 
 Order is deterministic: added and retargeted items in NEW's spec order, removed
@@ -76,6 +79,20 @@ class Retarget:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """A (from, event) pair in both machines whose targets changed where either side
+    is a choice (two single targets are a `Retarget`). Breaking when a target goes
+    away, or when a single target becomes a choice (callers must now say `to`);
+    adding a target to a choice is compatible."""
+
+    source: str
+    event: str
+    old_targets: tuple[str, ...]
+    new_targets: tuple[str, ...]
+    breaking: bool
+
+
+@dataclass(frozen=True)
 class Initial:
     old: str
     new: str
@@ -84,15 +101,18 @@ class Initial:
 
 @dataclass(frozen=True)
 class Option:
-    """A lease or postgres option whose effective value changed (None: no lease).
+    """A lease, postgres or caps option whose effective value changed (None: no
+    lease, no cap).
 
     Adding a lease where there was none is compatible (columns and functions are
-    added); every other option change is breaking: a table or id type that code
-    and rows rely on moves, or the heartbeat and reclaim contract changes."""
+    added). A cap (`caps.<event>`, an int) added or lowered is breaking (rows that
+    could still fire the event no longer can), raised or removed is not. Every other
+    option change is breaking: a table or id type that code and rows rely on moves,
+    or the heartbeat and reclaim contract changes."""
 
-    name: str  # lease.states, lease.reclaim, postgres.table, ...
-    old: str | None
-    new: str | None
+    name: str  # lease.states, lease.reclaim, postgres.table, caps.retry, ...
+    old: str | int | None
+    new: str | int | None
     breaking: bool
 
 
@@ -148,6 +168,7 @@ class Changes:
     added: tuple[Edge, ...]
     removed: tuple[Edge, ...]
     retargeted: tuple[Retarget, ...]
+    choices: tuple[Choice, ...]
     options: tuple[Option, ...]
     descriptions: Descriptions
 
@@ -168,11 +189,11 @@ class Changes:
     def breaking(self) -> bool:
         return self.breaking_count > 0
 
-    def _all(self) -> list[Name | Edge | Retarget | Initial | Option]:
-        out: list[Name | Edge | Retarget | Initial | Option] = []
+    def _all(self) -> list[Name | Edge | Retarget | Choice | Initial | Option]:
+        out: list[Name | Edge | Retarget | Choice | Initial | Option] = []
         for names in (self.states, self.events, self.terminals):
             out += names.added + names.removed
-        out += self.added + self.removed + self.retargeted + self.options
+        out += self.added + self.removed + self.retargeted + self.choices + self.options
         if self.initial is not None:
             out.append(self.initial)
         return out
@@ -182,13 +203,13 @@ def compare(old: Machine, new: Machine) -> Changes:
     """What changed from `old` to `new`; both must be machines without errors."""
     old_states, new_states = set(old.state_names), set(new.state_names)
     old_terminals, new_terminals = old.terminal_names, new.terminal_names
-    old_table, new_table = old.table, new.table
+    old_table, new_table = old.targets, new.targets
     return Changes(
         machine=str(new.name),
         new=Shape(
             new.state_names,
             str(new.initial),
-            tuple(s for s in new.state_names if s in new_terminals),
+            new.terminals_in_order,
             new.edges,
         ),
         states=Names(
@@ -219,42 +240,61 @@ def compare(old: Machine, new: Machine) -> Changes:
         added=tuple(Edge(s, e, t, False) for s, e, t in new.edges if (s, e) not in old_table),
         removed=tuple(Edge(s, e, t, True) for s, e, t in old.edges if (s, e) not in new_table),
         retargeted=tuple(
-            Retarget(s, e, old_table[s, e], t)
-            for s, e, t in new.edges
-            if (s, e) in old_table and old_table[s, e] != t
+            Retarget(s, e, old_table[s, e][0], targets[0])
+            for (s, e), targets in new_table.items()
+            if len(targets) == 1 == len(old_table.get((s, e), ())) and old_table[s, e] != targets
         ),
+        choices=_choices(old_table, new_table),
         options=_options(old, new),
         descriptions=_descriptions(old, new),
     )
 
 
-def _option_values(m: Machine) -> dict[str, str | None]:
+def _choices(
+    old: dict[tuple[str, str], tuple[str, ...]], new: dict[tuple[str, str], tuple[str, ...]]
+) -> tuple[Choice, ...]:
+    out = []
+    for pair, targets in new.items():
+        before = old.get(pair)
+        if before is None or len(before) == len(targets) == 1 or set(before) == set(targets):
+            continue  # added (an edge each), retargeted, or the same choice reordered
+        breaking = len(before) == 1 or not set(before) <= set(targets)
+        out.append(Choice(*pair, before, targets, breaking))
+    return tuple(out)
+
+
+def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
+    """Each option's value as shown, and the key it is compared by."""
     lease = m.lease
-    return {
-        "lease.states": ", ".join(lease.states) if lease else None,
-        "lease.reclaim": str(lease.reclaim) if lease else None,
-        "postgres.table": str(m.postgres.table),
-        "postgres.events_table": str(m.postgres.events_table),
-        "postgres.id_type": m.postgres.id_type,
+    # The lease states are a set: listing them in another order changes nothing
+    # (and `fsmc migrate` agrees: the machine digest sorts them).
+    states = (", ".join(lease.states), frozenset(lease.states)) if lease else (None, None)
+    reclaim = str(lease.reclaim) if lease else None
+    out: dict[str, tuple[str | int | None, object]] = {
+        "lease.states": states,
+        "lease.reclaim": (reclaim, reclaim),
+        "postgres.table": (str(m.postgres.table),) * 2,
+        "postgres.events_table": (str(m.postgres.events_table),) * 2,
+        "postgres.id_type": (m.postgres.id_type,) * 2,
     }
+    return out
 
 
 def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
     before, after = _option_values(old), _option_values(new)
     gained_lease = old.lease is None and new.lease is not None
-    return tuple(
-        Option(name, before[name], value, not (gained_lease and name.startswith("lease.")))
-        for name, value in after.items()
-        if _key(name, before[name]) != _key(name, value)
-    )
-
-
-def _key(name: str, value: str | None) -> object:
-    # The lease states are a set: listing them in another order changes nothing
-    # (and `fsmc migrate` agrees: the machine digest sorts them).
-    if name == "lease.states" and value is not None:
-        return frozenset(value.split(", "))
-    return value
+    options = [
+        Option(name, before[name][0], shown, not (gained_lease and name.startswith("lease.")))
+        for name, (shown, key) in after.items()
+        if before[name][1] != key
+    ]
+    old_caps, new_caps = old.cap_limits, new.cap_limits
+    for event in dict.fromkeys([*new_caps, *old_caps]):
+        was, now = old_caps.get(event), new_caps.get(event)
+        if was != now:
+            lowered = now is not None and (was is None or now < was)
+            options.append(Option(f"caps.{event}", was, now, lowered))
+    return tuple(options)
 
 
 def _descriptions(old: Machine, new: Machine) -> Descriptions:
@@ -280,12 +320,9 @@ def _declared(declarations: Iterable[Declaration]) -> dict[str, str | None]:
 
 
 def _edge_descriptions(m: Machine) -> dict[tuple[str, str], str | None]:
-    """(from, event) -> description, in spec order, the first declaration winning as in
-    `Machine.table` (a `from` list shares one description among its edges)."""
-    out: dict[tuple[str, str], str | None] = {}
-    for t in m.transitions:
-        out.setdefault((str(t.source), str(t.event)), _norm(t.description))
-    return out
+    """(from, event) -> the description of its declaration (`Machine.first`; a `from`
+    list or a wildcard shares one description among its pairs)."""
+    return {pair: _norm(t.description) for pair, t in m.first.items()}
 
 
 def _changed(

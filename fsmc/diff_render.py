@@ -8,11 +8,11 @@
               stateDiagram-v2 of NEW with the changes marked (removed transitions
               and states drawn too)
     json      one object: `states`, `events`, `terminals`, `transitions`, `initial`,
-              `options`, `breaking` and `descriptions` (contract section 5's keys,
-              but not yet `choices`)
+              `options`, `choices`, `breaking` and `descriptions` (contract
+              section 5's keys)
 
 Text and Markdown list changes in one order (`rows`): states, events, terminals,
-the initial state, transitions added, removed and retargeted, then options; JSON
+the initial state, transitions added, removed and retargeted, choices, then options; JSON
 keys them by kind, in the same order within each list. Every format is
 deterministic. Names and option values are safe anywhere (state and event names
 match `^[a-z][a-z0-9_]*$`, table names `^[a-z_][a-z0-9_]*$`, id types come from a
@@ -46,7 +46,7 @@ def render(changes: Changes, fmt: str, *, color: bool = False) -> str:
 class Row:
     """One change, as every format lists it."""
 
-    kind: str  # state, event, terminal, initial, transition, option
+    kind: str  # state, event, terminal, initial, transition, choice, option
     action: str  # added, removed, changed, retargeted
     subject: str  # a name, or `from --event--> to`
     # What a reviewer needs besides: the old target or initial state, an option's
@@ -81,10 +81,29 @@ def rows(changes: Changes) -> list[Row]:
         for r in c.retargeted
     ]
     out += [
-        Row("option", "changed", o.name, f"{o.old or 'none'} -> {o.new or 'none'}", o.breaking)
+        Row(
+            "choice",
+            "changed",
+            _arrow(ch.source, ch.event, _targets(ch.new_targets)),
+            f"was {_targets(ch.old_targets)}",
+            ch.breaking,
+        )
+        for ch in c.choices
+    ]
+    out += [
+        Row("option", "changed", o.name, f"{_shown(o.old)} -> {_shown(o.new)}", o.breaking)
         for o in c.options
     ]
     return out
+
+
+def _targets(targets: tuple[str, ...]) -> str:
+    """A choice's targets as the spec writes them; one target alone."""
+    return targets[0] if len(targets) == 1 else f"[{', '.join(targets)}]"
+
+
+def _shown(value: str | int | None) -> str:
+    return "none" if value is None else str(value)
 
 
 def _name_rows(kind: str, names: Names) -> list[Row]:
@@ -188,7 +207,7 @@ def as_markdown(changes: Changes) -> str:
     if table:
         out += [
             f"The new `{changes.machine}` machine; changed transitions are labelled "
-            "(added), (retargeted, was ...) or (removed), and states drawn in colour "
+            "(added), (retargeted, was ...), (choice, was ...) or (removed), and states drawn in colour "
             "were added (green), removed (red, dashed) or changed role (amber).",
             "",
             "```mermaid",
@@ -226,6 +245,7 @@ def diagram(changes: Changes) -> str:
     removed_states = [n.name for n in c.states.removed]
     added = {(e.source, e.event) for e in c.added}
     was = {(r.source, r.event): r.old_target for r in c.retargeted}
+    chose = {(ch.source, ch.event): ", ".join(ch.old_targets) for ch in c.choices}
     labelled: list[tuple[str, str, str]] = []
     for s, e, t in new.edges:
         label = e
@@ -233,6 +253,8 @@ def diagram(changes: Changes) -> str:
             label = f"{e} (added)"
         elif (s, e) in was:
             label = f"{e} (retargeted, was {was[s, e]})"
+        elif (s, e) in chose:
+            label = f"{e} (choice, was {chose[s, e]})"
         labelled.append((s, label, t))
     labelled += [(e.source, f"{e.event} (removed)", e.target) for e in c.removed]
     # Lines end in state names, in unchanged edges' event names, or in `)`.
@@ -293,6 +315,16 @@ def as_json(changes: Changes) -> str:
         "options": [
             {"name": o.name, "old": o.old, "new": o.new, "breaking": o.breaking}
             for o in c.options
+        ],
+        "choices": [
+            {
+                "from": ch.source,
+                "event": ch.event,
+                "old_to": list(ch.old_targets),
+                "new_to": list(ch.new_targets),
+                "breaking": ch.breaking,
+            }
+            for ch in c.choices
         ],
         "breaking": c.breaking,
         "descriptions": {

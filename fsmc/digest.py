@@ -3,7 +3,7 @@
 `machine_digest(machine)` is the sha256 (hex) of a canonical JSON document holding
 exactly the facts the generated schema is built from: the machine's name, its
 states, events, terminals, initial state, transitions, lease (states and reclaim
-event) and PostgreSQL options (table, events table, id type, defaults resolved).
+event), caps (language 1.1; absent when there are none) and PostgreSQL options (table, events table, id type, defaults resolved).
 Descriptions, comments, key order, list order, YAML style and `from:` lists versus
 one transition per source leave it unchanged; any change to one of those facts
 changes it. Sets are sorted, since no order among states, events or transitions
@@ -40,7 +40,7 @@ DIGEST_FORMAT = "fsmc-machine/1"
 def canonical(machine: Machine) -> str:
     """The canonical JSON text whose sha256 is the digest (exposed for tests and tools)."""
     m = machine
-    facts = {
+    facts: dict[str, object] = {
         "format": DIGEST_FORMAT,
         "machine": str(m.name),
         "initial": None if m.initial is None else str(m.initial),
@@ -57,6 +57,10 @@ def canonical(machine: Machine) -> str:
             "id_type": m.postgres.id_type,
         },
     }
+    if m.cap_limits:
+        # Only when there are caps, so a machine without them (every 1.0 spec) keeps
+        # its digest. Choices need no key: `edges` has one triple per target.
+        facts["caps"] = dict(sorted(m.cap_limits.items()))
     return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from fsmc.diagnostics import Diagnostic
+from fsmc.diagnostics import DUPLICATE_KEY, LIMIT, SCHEMA, YAML_SYNTAX, Code, Diagnostic
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
@@ -138,7 +138,7 @@ def load(data: bytes, file: str, path: str | None = None) -> tuple[Document | No
     if len(data) > MAX_BYTES:
         return None, [
             Diagnostic(
-                file, 1, 1, "limit",
+                file, 1, 1, LIMIT,
                 # Only MAX_BYTES + 1 bytes were read, so the real size is unknown.
                 f"the file is larger than {_size(MAX_BYTES)}, the most fsmc reads in a spec",
             )
@@ -149,7 +149,7 @@ def load(data: bytes, file: str, path: str | None = None) -> tuple[Document | No
         line, col = _position_in_bytes(data, exc.start)
         return None, [
             Diagnostic(
-                file, line, col, "yaml-syntax",
+                file, line, col, YAML_SYNTAX,
                 f"the file is not UTF-8 text: byte 0x{data[exc.start]:02x} cannot be decoded",
             )
         ]  # fmt: skip
@@ -168,7 +168,7 @@ def load(data: bytes, file: str, path: str | None = None) -> tuple[Document | No
             # libyaml 0.2.5+ has its own limit (1,000), which its scanner's lookahead
             # can reach before our composer sees level 65: the same limit to the user.
             message = f"nesting is deeper than {MAX_DEPTH} levels"
-            return None, [*composer.diagnostics, Diagnostic(file, line, col, "limit", message)]
+            return None, [*composer.diagnostics, Diagnostic(file, line, col, LIMIT, message)]
         if exc.context and exc.problem:
             started = exc.context_mark
             if started is not None and (started.line, started.column) != (line - 1, col - 1):
@@ -178,7 +178,7 @@ def load(data: bytes, file: str, path: str | None = None) -> tuple[Document | No
                 )
             else:
                 problem = f"{exc.problem} ({exc.context})"
-        return None, [*composer.diagnostics, Diagnostic(file, line, col, "yaml-syntax", problem)]
+        return None, [*composer.diagnostics, Diagnostic(file, line, col, YAML_SYNTAX, problem)]
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow
         # libyaml counts the offset in UTF-8 bytes (and gives the character as an
         # int), PyYAML's own reader in characters.
@@ -187,9 +187,9 @@ def load(data: bytes, file: str, path: str | None = None) -> tuple[Document | No
         line, col = _position_in_bytes(text.encode(), at)
         message = (f"character U+{c:04X} is not allowed in YAML text; "
                    "write it as an escape in a double-quoted string")
-        return None, [*composer.diagnostics, Diagnostic(file, line, col, "yaml-syntax", message)]
+        return None, [*composer.diagnostics, Diagnostic(file, line, col, YAML_SYNTAX, message)]
     except yaml.YAMLError as exc:
-        return None, [*composer.diagnostics, Diagnostic(file, 1, 1, "yaml-syntax", str(exc))]
+        return None, [*composer.diagnostics, Diagnostic(file, 1, 1, YAML_SYNTAX, str(exc))]
     digest = hashlib.sha256(data).hexdigest()
     return Document(file, path or file, root, digest), composer.diagnostics
 
@@ -242,10 +242,10 @@ class _Composer:
         self.nodes = 0
         self.stack: list[_Frame] = []
 
-    def _diag(self, pos: Pos, code: str, message: str) -> None:
+    def _diag(self, pos: Pos, code: Code, message: str) -> None:
         self.diagnostics.append(Diagnostic(self.file, pos[0], pos[1], code, message))
 
-    def _fail(self, pos: Pos, code: str, message: str) -> LoadFailure:
+    def _fail(self, pos: Pos, code: Code, message: str) -> LoadFailure:
         return LoadFailure(Diagnostic(self.file, pos[0], pos[1], code, message))
 
     def compose(self, text: str) -> Any:
@@ -274,7 +274,7 @@ class _Composer:
                 documents += 1
                 if documents > 1:
                     raise self._fail(
-                        _pos(event), "yaml-syntax",
+                        _pos(event), YAML_SYNTAX,
                         "a spec holds one YAML document; found a second one",
                     )  # fmt: skip
                 continue
@@ -294,7 +294,7 @@ class _Composer:
             tag = getattr(event, "tag", None)
             if tag is not None and not (kind is yaml.ScalarEvent and tag == "!"):
                 shown = tag.replace("tag:yaml.org,2002:", "!!")
-                self._diag(pos, "yaml-syntax", f"YAML tags are not allowed in a spec (found '{shown}')")
+                self._diag(pos, YAML_SYNTAX, f"YAML tags are not allowed in a spec (found '{shown}')")
             if kind is yaml.ScalarEvent:
                 value: Any
                 if not event.style and tag is None:  # plain scalar (libyaml says "", PyYAML None)
@@ -313,7 +313,7 @@ class _Composer:
                     root = value
             elif kind is yaml.AliasEvent:
                 if event.anchor not in self.anchors:
-                    raise self._fail(pos, "yaml-syntax", f"unknown alias *{event.anchor}")
+                    raise self._fail(pos, YAML_SYNTAX, f"unknown alias *{event.anchor}")
                 value, _, size = self.anchors[event.anchor]
                 self._count(pos, size)
                 if stack:
@@ -324,7 +324,7 @@ class _Composer:
             else:  # a collection starts
                 if len(stack) >= MAX_DEPTH:
                     raise self._fail(
-                        pos, "limit", f"nesting is deeper than {MAX_DEPTH} levels"
+                        pos, LIMIT, f"nesting is deeper than {MAX_DEPTH} levels"
                     )  # fmt: skip
                 self._count(pos, 1)
                 container: Mapping | Sequence = (
@@ -338,7 +338,7 @@ class _Composer:
         self.nodes += nodes
         if self.nodes > MAX_NODES:
             raise self._fail(
-                pos, "limit",
+                pos, LIMIT,
                 f"the document expands to more than {MAX_NODES:,} YAML nodes "
                 "(aliases count once per use)",
             )  # fmt: skip
@@ -361,12 +361,12 @@ class _Composer:
         key, key_pos = frame.key, frame.key_pos
         frame.key = _NO_KEY
         if isinstance(key, (Mapping, Sequence)):
-            self._diag(key_pos, "schema", f"{self._path(frame)}: a mapping key must be a name")
+            self._diag(key_pos, SCHEMA, f"{self._path(frame)}: a mapping key must be a name")
             return
         if not isinstance(key, str):
             shown = _plain_repr(key)
             self._diag(
-                key_pos, "schema",
+                key_pos, SCHEMA,
                 f"{self._path(frame)}: key {shown} is {_kind(key)}, not a name; "
                 f"quote it ('{shown}') to use it as a name",
             )  # fmt: skip
@@ -375,7 +375,7 @@ class _Composer:
             first = container.key_pos[key]
             where = f"line {first[0]}" + (f", column {first[1]}" if first[0] == key_pos[0] else "")
             self._diag(
-                key_pos, "duplicate-key",
+                key_pos, DUPLICATE_KEY,
                 f"duplicate key '{key}' (first defined at {where}); "
                 "YAML loaders would silently keep only one",
             )  # fmt: skip

@@ -17,6 +17,8 @@ from typing import Any
 from fsmc.load import Document, Mapping, Pos, Sequence, Text
 
 ID_TYPES = ("uuid", "bigint", "text")
+WILDCARD = "*"  # `from: "*"`: every non-terminal state
+MAX_CAP = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -29,14 +31,44 @@ class Declaration:
 
 @dataclass(frozen=True)
 class Transition:
-    """One (source, event) -> target edge; a `from` list gives one per source."""
+    """One (source, event) pair of one declaration: a `from` list or `"*"` gives one
+    per source. `targets` is the written `to`: one state, or a choice of several (in
+    the order written, without repeats)."""
 
-    source: Text
+    source: Text  # for a wildcard, the state's name positioned at the `"*"`
     event: Text
-    target: Text
+    targets: tuple[Text, ...]
     description: str | None
     index: int  # position in the spec's `transitions` list
     pos: Pos  # the transition's own node, for rules about the whole edge
+    wildcard: bool = False  # the source came from `from: "*"`
+
+    @property
+    def target(self) -> Text:
+        """The first target (the only one, unless this is a choice)."""
+        return self.targets[0]
+
+    @property
+    def is_choice(self) -> bool:
+        return len(self.targets) > 1
+
+
+@dataclass(frozen=True)
+class Wildcard:
+    """A `from: "*"` declaration as written: where the `"*"` is, and what `except`
+    leaves out (names as written, unknown ones included, for the rules)."""
+
+    index: int
+    star: Text
+    excepted: tuple[Text, ...]
+
+
+@dataclass(frozen=True)
+class Cap:
+    """`caps: {event: limit}`: the event fires at most `limit` times in a row's life."""
+
+    event: Text
+    limit: int
 
 
 @dataclass(frozen=True)
@@ -64,9 +96,11 @@ class Machine:
     states: tuple[Declaration, ...]
     events: tuple[Declaration, ...]
     terminals: tuple[Text, ...]
-    transitions: tuple[Transition, ...]
+    transitions: tuple[Transition, ...]  # every declaration, expanded, duplicates included
     lease: Lease | None
     postgres: Postgres
+    caps: tuple[Cap, ...] = ()
+    wildcards: tuple[Wildcard, ...] = ()
 
     @cached_property
     def state_names(self) -> tuple[str, ...]:
@@ -81,17 +115,55 @@ class Machine:
         return frozenset(self.terminals)
 
     @cached_property
-    def table(self) -> dict[tuple[str, str], str]:
-        """(state, event) -> state, first declaration winning (duplicates are errors)."""
-        out: dict[tuple[str, str], str] = {}
+    def terminals_in_order(self) -> tuple[str, ...]:
+        """The terminal states in spec (`states`) order."""
+        return tuple(s for s in self.state_names if s in self.terminal_names)
+
+    @cached_property
+    def first(self) -> dict[tuple[str, str], Transition]:
+        """(state, event) -> the declaration that defines it: the first one (a second
+        is a `duplicate-transition` error), in spec order."""
+        out: dict[tuple[str, str], Transition] = {}
         for t in self.transitions:
-            out.setdefault((str(t.source), str(t.event)), str(t.target))
+            out.setdefault((str(t.source), str(t.event)), t)
         return out
 
     @cached_property
+    def targets(self) -> dict[tuple[str, str], tuple[str, ...]]:
+        """(state, event) -> its targets: one state, or a choice's states, in spec order."""
+        return {k: tuple(str(x) for x in t.targets) for k, t in self.first.items()}
+
+    @cached_property
+    def single(self) -> dict[tuple[str, str], str]:
+        """(state, event) -> state for the pairs that are not choices."""
+        return {k: ts[0] for k, ts in self.targets.items() if len(ts) == 1}
+
+    @cached_property
+    def choices(self) -> dict[tuple[str, str], tuple[str, ...]]:
+        """(state, event) -> the states a choice may lead to (two or more)."""
+        return {k: ts for k, ts in self.targets.items() if len(ts) > 1}
+
+    @cached_property
+    def table(self) -> dict[tuple[str, str], str]:
+        """(state, event) -> state, first declaration winning; a choice maps to its
+        first target. For targets that predate choices (the PostgreSQL schema); new
+        code reads `targets`, `single` and `choices`."""
+        return {k: ts[0] for k, ts in self.targets.items()}
+
+    @cached_property
     def edges(self) -> tuple[tuple[str, str, str], ...]:
-        """The table as (from, event, to) triples, in spec order, without duplicates."""
-        return tuple((s, e, t) for (s, e), t in self.table.items())
+        """The expanded table as (from, event, to) triples, in spec order, one per
+        target of a choice, without duplicate declarations."""
+        return tuple((s, e, t) for (s, e), ts in self.targets.items() for t in ts)
+
+    @cached_property
+    def cap_limits(self) -> dict[str, int]:
+        """Capped event -> its cap, in `events` order (the first of a repeated key)."""
+        given: dict[str, int] = {}
+        for c in self.caps:
+            given.setdefault(str(c.event), c.limit)
+        order = {e: i for i, e in enumerate(self.event_names)}
+        return dict(sorted(given.items(), key=lambda item: order.get(item[0], len(order))))
 
     @property
     def camel_name(self) -> str:
@@ -111,6 +183,9 @@ def build(doc: Document) -> Machine:
     """The machine `doc` describes, from whatever parts of it are well-shaped."""
     root = doc.root if isinstance(doc.root, Mapping) else Mapping((1, 1))
     name = _name(root.get("machine")) or Text("machine", 1, 1)
+    states = _declarations(root.get("states"))
+    terminals = _names(root.get("terminals"))
+    transitions, wildcards = _transitions(root.get("transitions"), states, terminals)
     return Machine(
         file=doc.file,
         path=doc.path,
@@ -118,12 +193,14 @@ def build(doc: Document) -> Machine:
         name=name,
         description=_text(root.get("description")),
         initial=_name(root.get("initial")),
-        states=_declarations(root.get("states")),
+        states=states,
         events=_declarations(root.get("events")),
-        terminals=_names(root.get("terminals")),
-        transitions=_transitions(root.get("transitions")),
+        terminals=terminals,
+        transitions=transitions,
         lease=_lease(root.get("lease")),
         postgres=_postgres(root.get("postgres"), name),
+        caps=_caps(root.get("caps")),
+        wildcards=wildcards,
     )
 
 
@@ -147,22 +224,74 @@ def _declarations(value: Any) -> tuple[Declaration, ...]:
     return tuple(Declaration(n, None) for n in _names(value))
 
 
-def _transitions(value: Any) -> tuple[Transition, ...]:
+def _transitions(
+    value: Any, states: tuple[Declaration, ...], terminals: tuple[Text, ...]
+) -> tuple[tuple[Transition, ...], tuple[Wildcard, ...]]:
     if not isinstance(value, Sequence):
-        return ()
+        return (), ()
     out: list[Transition] = []
+    wildcards: list[Wildcard] = []
     for index, item in enumerate(value):
         if not isinstance(item, Mapping):
             continue
-        event, target = _name(item.get("event")), _name(item.get("to"))
+        event, targets = _name(item.get("event")), _targets(item.get("to"))
         source = item.get("from")
-        sources = (source,) if isinstance(source, Text) else _names(source)
-        if event is None or target is None:
+        if event is None or not targets:
             continue
+        sources: tuple[Text, ...]
+        wildcard = False
+        if isinstance(source, Text) and source == WILDCARD:
+            wildcard = True
+            excepted = tuple(n for n in _names(item.get("except")) if n != WILDCARD)
+            wildcards.append(Wildcard(index, source, excepted))
+            sources = _expand(source, states, terminals, excepted)
+        elif isinstance(source, Text):
+            sources = (source,)
+        else:
+            # "*" inside a list is a schema error; it names no state.
+            sources = tuple(s for s in _names(source) if s != WILDCARD)
+        description = _text(item.get("description"))
         for s in sources:
-            out.append(
-                Transition(s, event, target, _text(item.get("description")), index, item.pos)
-            )
+            out.append(Transition(s, event, targets, description, index, item.pos, wildcard))
+    return tuple(out), tuple(wildcards)
+
+
+def _targets(value: Any) -> tuple[Text, ...]:
+    """A `to`: one state, or a choice (repeats dropped: a schema error already)."""
+    if isinstance(value, Text):
+        return (value,)
+    seen: dict[str, Text] = {}
+    for name in _names(value):
+        if name != WILDCARD:  # "*" in a list is a schema error; it names no state
+            seen.setdefault(name, name)
+    return tuple(seen.values())
+
+
+def _expand(
+    star: Text,
+    states: tuple[Declaration, ...],
+    terminals: tuple[Text, ...],
+    excepted: tuple[Text, ...],
+) -> tuple[Text, ...]:
+    """`from: "*"`: every non-terminal state in spec order, less `except`, each named
+    at the `"*"` so rules about the pair point where the author wrote it."""
+    left_out = {*terminals, *excepted}
+    names = _unique(d.name for d in states)
+    return tuple(Text(n, star.line, star.col) for n in names if n not in left_out)
+
+
+def _caps(value: Any) -> tuple[Cap, ...]:
+    if not isinstance(value, Mapping):
+        return ()
+    out: list[Cap] = []
+    for event, limit in value.items():
+        # The schema stage reports a limit that is not an integer from 1 to
+        # MAX_CAP; the model keeps only the ones that are (2.0 is the integer 2).
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+            continue
+        if not 1 <= limit <= MAX_CAP or limit != int(limit) or not isinstance(event, Text):
+            continue  # (a NaN fails the range test before int() could raise)
+        out.append(Cap(event, int(limit)))
     return tuple(out)
 
 

@@ -31,5 +31,5 @@ def check(source: Source) -> Checked:
         return Checked(None, found)
     shape = check_shape(doc)
     machine = build(doc)
-    rules = validate(machine, shape_ok=not shape)
+    rules = validate(machine, earlier=found + shape)
     return Checked(machine, found + shape + rules)

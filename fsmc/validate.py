@@ -16,9 +16,10 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from fsmc.diagnostics import Diagnostic
+from fsmc import diagnostics as codes
+from fsmc.diagnostics import Code, Diagnostic
 from fsmc.load import Text
-from fsmc.model import Machine, camel
+from fsmc.model import Machine, Transition, camel
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 NAME_MAX = 48
@@ -28,8 +29,8 @@ TABLE_MAX = 63
 # class name could be: a machine's class must not replace one. A test parses a
 # generated module and holds this list to it.
 RESERVED_CAMEL = frozenset(
-    {"State", "Event", "IllegalTransition", "Connection", "INITIAL", "TERMINAL",
-     "TRANSITIONS", "ILLEGAL_TRANSITION_SQLSTATE"}
+    {"State", "Event", "IllegalTransition", "CapReached", "Connection", "INITIAL", "TERMINAL",
+     "TRANSITIONS", "CHOICES", "CAPS", "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE"}
 )  # fmt: skip
 # Built-ins a class of that name would shadow in the module, which catches KeyError,
 # raises ValueError and subclasses Exception (`machine: key_error` broke apply()).
@@ -44,7 +45,7 @@ Rule = Callable[[Machine], Iterator[Diagnostic]]
 GraphRule = Callable[[Machine, Any], Iterator[Diagnostic]]
 
 
-def _at(m: Machine, where: Text | tuple[int, int], code: str, message: str) -> Diagnostic:
+def _at(m: Machine, where: Text | tuple[int, int], code: Code, message: str) -> Diagnostic:
     line, col = where.pos if isinstance(where, Text) else where
     return Diagnostic(m.file, line, col, code, message)
 
@@ -66,21 +67,21 @@ def bad_name(m: Machine) -> Iterator[Diagnostic]:
     if problem is None:
         problem = _machine_name_problem(name)
     if problem:
-        yield _at(m, name, "bad-name", f"machine name '{name}' {problem}")
+        yield _at(m, name, codes.BAD_NAME, f"machine name '{name}' {problem}")
     for kind, decls in (("state", m.states), ("event", m.events)):
         for d in decls:
             problem = _name_problem(d.name, NAME, NAME_MAX)
             if problem:
-                yield _at(m, d.name, "bad-name", f"{kind} name '{d.name}' {problem}")
+                yield _at(m, d.name, codes.BAD_NAME, f"{kind} name '{d.name}' {problem}")
     for key, table in (("table", m.postgres.table), ("events_table", m.postgres.events_table)):
         if key not in m.postgres.given:
             continue  # derived from the machine name, whose own diagnostic says it all
         problem = _name_problem(table, TABLE, TABLE_MAX)
         if problem:
-            yield _at(m, table, "bad-name", f"postgres.{key} '{table}' {problem}")
+            yield _at(m, table, codes.BAD_NAME, f"postgres.{key} '{table}' {problem}")
     if m.postgres.table == m.postgres.events_table:
         yield _at(
-            m, m.postgres.events_table, "bad-name",
+            m, m.postgres.events_table, codes.BAD_NAME,
             f"postgres.events_table '{m.postgres.events_table}' is the same as postgres.table",
         )  # fmt: skip
 
@@ -125,7 +126,7 @@ def duplicate_name(m: Machine) -> Iterator[Diagnostic]:
         for name in names:
             if name in first:
                 yield _at(
-                    m, name, "duplicate-name",
+                    m, name, codes.DUPLICATE_NAME,
                     f"{kind} '{name}' is declared twice (first at {_where(first[name], name)})",
                 )  # fmt: skip
             else:
@@ -143,8 +144,23 @@ def unknown_state(m: Machine) -> Iterator[Diagnostic]:
     if m.lease:
         refs += [("lease.states", s) for s in m.lease.states]
     for t in m.transitions:
-        refs += [((t.index, "from"), t.source), ((t.index, "to"), t.target)]
-    yield from _unknown(m, refs, declared, "unknown-state", "state")
+        if not t.wildcard:  # a wildcard's sources are declared states by construction
+            refs.append(((t.index, "from"), t.source))
+        refs += [((t.index, "to"), target) for target in t.targets]
+    for w in m.wildcards:
+        refs += [((w.index, "except"), name) for name in w.excepted]
+    yield from _unknown(m, refs, declared, codes.UNKNOWN_STATE, "state")
+    # `"*"` never covers a terminal state, so excepting one says the author expected
+    # it to: a misreading worth one diagnostic, at the name.
+    known = set(declared)
+    for w in m.wildcards:
+        for name in w.excepted:
+            if name in m.terminal_names and name in known:
+                yield _at(
+                    m, name, codes.UNKNOWN_STATE,
+                    f"transitions[{w.index}].except: '{name}' is a terminal state, which "
+                    '"*" never covers; only non-terminal states can be excepted',
+                )  # fmt: skip
 
 
 def unknown_event(m: Machine) -> Iterator[Diagnostic]:
@@ -155,14 +171,15 @@ def unknown_event(m: Machine) -> Iterator[Diagnostic]:
     ]
     if m.lease:
         refs.append(("lease.reclaim", m.lease.reclaim))
-    yield from _unknown(m, refs, m.event_names, "unknown-event", "event")
+    refs += [("caps", c.event) for c in m.caps]
+    yield from _unknown(m, refs, m.event_names, codes.UNKNOWN_EVENT, "event")
 
 
 def _unknown(
     m: Machine,
     refs: list[tuple[str | tuple[int, str], Text]],
     declared: tuple[str, ...],
-    code: str,
+    code: Code,
     kind: str,
 ) -> Iterator[Diagnostic]:
     known = set(declared)
@@ -183,17 +200,28 @@ def _unknown(
 
 
 def duplicate_transition(m: Machine) -> Iterator[Diagnostic]:
-    first: dict[tuple[str, str], int] = {}
+    first = m.first
     for t in m.transitions:
         key = (str(t.source), str(t.event))
-        if key in first:
-            yield _at(
-                m, t.source, "duplicate-transition",
-                f"transitions[{t.index}]: ({t.source}, {t.event}) is already declared by "
-                f"transitions[{first[key]}]; the machine must be deterministic",
-            )  # fmt: skip
-        else:
-            first[key] = t.index
+        earlier = first[key]
+        if earlier is t:
+            continue
+        yield _at(
+            m, t.source, codes.DUPLICATE_TRANSITION,
+            f"transitions[{t.index}]: ({t.source}, {t.event}) is already declared by "
+            f"transitions[{earlier.index}]{_fix_for(t, earlier)}",
+        )  # fmt: skip
+
+
+def _fix_for(again: Transition, first: Transition) -> str:
+    """How to resolve a duplicate pair: with a wildcard in play, which `except` gets
+    the state; otherwise, the machine must stay deterministic."""
+    wildcard = again if again.wildcard else first if first.wildcard else None
+    if wildcard is None:
+        return "; the machine must be deterministic"
+    if again.wildcard and first.wildcard:
+        return f"; add '{again.source}' to the except of one of the two wildcards"
+    return f"; add '{again.source}' to transitions[{wildcard.index}].except"
 
 
 def terminal_exit(m: Machine) -> Iterator[Diagnostic]:
@@ -201,20 +229,35 @@ def terminal_exit(m: Machine) -> Iterator[Diagnostic]:
     for t in m.transitions:
         if t.source in terminals:
             yield _at(
-                m, t.source, "terminal-exit",
+                m, t.source, codes.TERMINAL_EXIT,
                 f"transitions[{t.index}]: terminal state '{t.source}' has an outgoing "
                 f"transition on '{t.event}' (to '{t.target}')",
             )  # fmt: skip
 
 
 def graph_of(m: Machine) -> Any:
-    """The machine as a networkx DiGraph of states (networkx is untyped)."""
+    """The machine as a networkx DiGraph of states (networkx is untyped): an edge for
+    every target of every declaration that names declared states, duplicates
+    included, so one duplicate pair does not make its second target look
+    unreachable (one mistake, one diagnostic)."""
     import networkx as nx
 
     g = nx.DiGraph()
     g.add_nodes_from(m.state_names)
-    g.add_edges_from((s, t) for s, _, t in m.edges)
+    g.add_edges_from(_declared_edges(m))
     return g
+
+
+def _declared_edges(m: Machine) -> Iterator[tuple[str, str]]:
+    known = set(m.state_names)
+    for t in m.transitions:
+        if t.source in known:
+            yield from ((str(t.source), str(x)) for x in t.targets if x in known)
+
+
+def _sources(m: Machine) -> set[str]:
+    """States some declaration leaves (the event need not be the first declaration's)."""
+    return {str(t.source) for t in m.transitions}
 
 
 def unreachable_state(m: Machine, g: Any) -> Iterator[Diagnostic]:
@@ -226,17 +269,17 @@ def unreachable_state(m: Machine, g: Any) -> Iterator[Diagnostic]:
     for d in _first_declarations(m):
         if d not in reached:
             yield _at(
-                m, d, "unreachable-state",
+                m, d, codes.UNREACHABLE_STATE,
                 f"state '{d}' cannot be reached from the initial state '{m.initial}'",
             )  # fmt: skip
 
 
 def dead_end(m: Machine, g: Any) -> Iterator[Diagnostic]:
-    sources = {s for s, _, _ in m.edges}
+    sources = _sources(m)
     for d in _first_declarations(m):
         if d not in m.terminal_names and d not in sources:
             yield _at(
-                m, d, "dead-end",
+                m, d, codes.DEAD_END,
                 f"state '{d}' is not terminal but has no outgoing transition; "
                 "add one, or list it in terminals",
             )  # fmt: skip
@@ -245,41 +288,107 @@ def dead_end(m: Machine, g: Any) -> Iterator[Diagnostic]:
 def trap(m: Machine, g: Any) -> Iterator[Diagnostic]:
     import networkx as nx
 
+    if not m.terminal_names:
+        return  # `terminals: []`: the machine never ends, by decision
     # Everything that can reach a terminal: one reverse search from all terminals.
     reverse = g.reverse(copy=False)
-    terminals = set(m.terminal_names)  # networkx refuses an empty set of sources
-    escapes = set(nx.multi_source_dijkstra_path_length(reverse, terminals)) if terminals else set()
-    sources = {s for s, _, _ in m.edges}
-    for d in _first_declarations(m):
+    escapes = set(nx.multi_source_dijkstra_path_length(reverse, set(m.terminal_names)))
+    sources = _sources(m)
+    trapped = [d for d in _first_declarations(m) if d not in escapes and d in sources]
+    if not trapped:
+        return
+    why = _why_trapped(m, g, escapes)
+    terminals = ", ".join(m.terminals_in_order)
+    for d in trapped:
         # A state with no way out at all is a dead-end; saying "trap" too adds nothing.
-        if d not in escapes and d in sources:
-            yield _at(
-                m, d, "trap",
-                f"state '{d}' cannot reach any terminal state "
-                f"({', '.join(sorted(m.terminal_names)) or 'none declared'}); "
-                "every path from it cycles forever",
-            )  # fmt: skip
+        yield _at(
+            m, d, codes.TRAP,
+            f"state '{d}' cannot reach any terminal state ({terminals}); {why[str(d)]}",
+        )  # fmt: skip
+
+
+def _why_trapped(m: Machine, g: Any, escapes: set[str]) -> dict[str, str]:
+    """For each state that cannot escape: why (it can reach a cycle with no way out,
+    dead ends, or both). One pass over the condensation, in reverse topological
+    order, so a spec with thousands of trapped states costs linear time."""
+    import networkx as nx
+
+    stuck = g.subgraph(n for n in g if n not in escapes)
+    dag = nx.condensation(stuck)
+    order = {s: i for i, s in enumerate(m.state_names)}
+    sources = _sources(m)
+    cycles: dict[int, bool] = {}
+    ends: dict[int, list[str]] = {}
+    for c in reversed(list(nx.topological_sort(dag))):
+        members = dag.nodes[c]["members"]
+        looped = len(members) > 1 or any(stuck.has_edge(n, n) for n in members)
+        cycles[c] = looped or any(cycles[d] for d in dag.successors(c))
+        found = {n for n in members if n not in sources and n not in m.terminal_names}
+        for d in dag.successors(c):
+            found.update(ends[d])
+        ends[c] = sorted(found, key=lambda n: order.get(n, 0))[:3]
+    out: dict[str, str] = {}
+    for c in dag:
+        named = ", ".join(f"'{n}'" for n in ends[c])
+        if ends[c] and cycles[c]:
+            text = f"every path from it either cycles forever or ends in a dead end ({named})"
+        elif ends[c]:
+            text = f"every path from it ends in a dead end ({named})"
+        else:
+            text = "every path from it cycles forever, with no way out"
+        for n in dag.nodes[c]["members"]:
+            out[n] = text
+    return out
 
 
 def lease_reclaim(m: Machine, g: Any) -> Iterator[Diagnostic]:
     if m.lease is None:
         return
     for state in m.lease.states:
-        if (str(state), str(m.lease.reclaim)) not in m.table:
+        if (str(state), str(m.lease.reclaim)) not in m.targets:
             yield _at(
-                m, state, "lease-reclaim",
+                m, state, codes.LEASE_RECLAIM,
                 f"lease state '{state}' has no transition on the reclaim event "
                 f"'{m.lease.reclaim}', so a stale worker's job could never be reclaimed",
             )  # fmt: skip
 
 
+def cap_trap(m: Machine, g: Any) -> Iterator[Diagnostic]:
+    capped = m.cap_limits
+    if not capped:
+        return
+    ways_out: dict[str, set[str]] = {}
+    for t in m.transitions:
+        ways_out.setdefault(str(t.source), set()).add(str(t.event))
+    for d in _first_declarations(m):
+        events = ways_out.get(d)
+        if d in m.terminal_names or not events or not events <= capped.keys():
+            continue
+        spent = ", ".join(f"'{e}' ({capped[e]})" for e in m.event_names if e in events)
+        yield _at(
+            m, d, codes.CAP_TRAP,
+            f"state '{d}' can only be left by capped events ({spent}); once the caps are "
+            "spent, rows there are stuck: add a way out that is not capped",
+        )  # fmt: skip
+
+
 def unused_event(m: Machine, g: Any) -> Iterator[Diagnostic]:
-    used = {e for _, e, _ in m.edges}
+    used = {str(t.event) for t in m.transitions}
+    capped = {str(c.event): c.event for c in m.caps}
     seen: set[str] = set()
     for d in m.events:
-        if d.name not in used and d.name not in seen:
-            seen.add(d.name)
-            yield _at(m, d.name, "unused-event", f"event '{d.name}' is used by no transition")
+        if d.name in used or d.name in seen:
+            continue
+        seen.add(d.name)
+        if d.name in capped:
+            # One diagnostic, where it matters: a cap on an event nothing fires.
+            where = capped[d.name]
+            yield _at(
+                m, where, codes.UNUSED_EVENT,
+                f"caps.{where}: event '{where}' is capped but used by no transition",
+            )  # fmt: skip
+        else:
+            yield _at(m, d.name, codes.UNUSED_EVENT, f"event '{d.name}' is used by no transition")
 
 
 def _first_declarations(m: Machine) -> list[Text]:
@@ -299,19 +408,22 @@ REFERENCE_RULES: tuple[Rule, ...] = (
 )
 # These judge the machine as a whole, so they run only on one whose names resolve
 # (an event used only by a misspelt transition is not "unused").
-GRAPH_RULES: tuple[GraphRule, ...] = (unreachable_state, dead_end, trap, lease_reclaim, unused_event)
-# Codes that make the graph meaningless: names that do not resolve.
-_BLOCKING = {"duplicate-name", "unknown-state", "unknown-event"}
+GRAPH_RULES: tuple[GraphRule, ...] = (
+    unreachable_state, dead_end, trap, lease_reclaim, cap_trap, unused_event,
+)  # fmt: skip
 
 
-def validate(m: Machine, *, shape_ok: bool = True) -> list[Diagnostic]:
+def validate(m: Machine, *, earlier: Iterable[Diagnostic] = ()) -> list[Diagnostic]:
     """Every diagnostic the rules find in `m`.
 
-    `shape_ok` is False when the schema stage found errors: the model may then miss
-    transitions, and graph rules would report consequences rather than causes.
+    `earlier` are the load and schema stages' diagnostics. The graph rules do not run
+    after any diagnostic whose code `blocks_graph` (a schema error may have dropped
+    transitions from the model, an unknown name an edge): they would report
+    consequences rather than causes.
     """
     found = [d for rule in REFERENCE_RULES for d in rule(m)]
-    if shape_ok and m.initial is not None and not any(d.code in _BLOCKING for d in found):
+    blocked = any(d.blocks_graph for d in (*earlier, *found))
+    if not blocked and m.initial is not None:
         graph = graph_of(m)
         found += [d for rule in GRAPH_RULES for d in rule(m, graph)]
     return found

@@ -83,7 +83,7 @@ def assert_well_behaved(ran: Ran, *, cpu_seconds: float = 5.0) -> list[re.Match[
         match = DIAGNOSTIC.fullmatch(line)
         if match and from_stdout == on_stdout:
             assert match["code"] in CODES, (line, ran)
-            assert CODES[match["code"]][0] == match["severity"], (line, ran)
+            assert CODES[match["code"]].severity == match["severity"], (line, ran)
             found.append(match)
         elif from_stdout:
             assert not on_stdout, (f"not a diagnostic line on stdout: {line!r}", ran)

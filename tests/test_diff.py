@@ -51,6 +51,9 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     "renamed_state": (1, True, {"states+", "states-", "terminals+", "terminals-", "transitions~"}),
     "changed_options": (1, True, {"options"}),
     "added_lease": (1, False, {"options"}),
+    # Language 1.1: `"*"` for a from list, a `to` list of one, 3.0 for 3: no change.
+    "wildcard_rewrite": (0, False, set()),
+    "choices_and_caps": (1, True, {"choices", "options"}),
     "mermaid_keywords": (
         1,
         True,
@@ -83,6 +86,7 @@ def kinds(c: Changes) -> set[str]:
     found |= {"transitions~"} if c.retargeted else set()
     found |= {"initial"} if c.initial else set()
     found |= {"options"} if c.options else set()
+    found |= {"choices"} if c.choices else set()
     return found
 
 
@@ -196,6 +200,7 @@ def test_json_has_exactly_the_contract_keys() -> None:
             "transitions",
             "initial",
             "options",
+            "choices",
             "breaking",
             "descriptions",
         ]
@@ -209,6 +214,8 @@ def test_json_has_exactly_the_contract_keys() -> None:
         assert doc["initial"] is None or list(doc["initial"]) == ["old", "new"]
         for item in doc["options"]:
             assert list(item) == ["name", "old", "new", "breaking"]
+        for item in doc["choices"]:
+            assert list(item) == ["from", "event", "old_to", "new_to", "breaking"]
     doc = json.loads((CASES / "changed_initial" / "expected.json").read_text())
     assert doc["initial"] == {"old": "queued", "new": "running"}
 
@@ -362,12 +369,15 @@ def test_the_markdown_diagram_parses_in_real_mermaid_and_draws_the_changes() -> 
         assert sorted(result.state_labels) == sorted([*c.new.states, *removed_states]), case
         added = {(e.source, e.event) for e in c.added}
         was = {(r.source, r.event): r.old_target for r in c.retargeted}
+        chose = {(x.source, x.event): ", ".join(x.old_targets) for x in c.choices}
         expected = {("[*]", c.new.initial, "")} | {(s, "[*]", "") for s in c.new.terminals}
         for s, e, t in c.new.edges:
             if (s, e) in added:
                 expected.add((s, t, f"{e} (added)"))
             elif (s, e) in was:
                 expected.add((s, t, f"{e} (retargeted, was {was[s, e]})"))
+            elif (s, e) in chose:
+                expected.add((s, t, f"{e} (choice, was {chose[s, e]})"))
             else:
                 expected.add((s, t, e))
         expected |= {(e.source, e.target, f"{e.event} (removed)") for e in c.removed}
@@ -383,3 +393,32 @@ def test_lease_states_in_another_order_are_no_change(fsmc, tmp_path) -> None:  #
     ran = fsmc("diff", ROOT / "specs" / "job.yaml", new)
     assert (ran.code, ran.out) == (0, "machine job: no changes\n")
     assert fsmc("migrate", ROOT / "specs" / "job.yaml", new).out == ""
+
+
+def test_choices_and_caps_say_what_breaks() -> None:
+    c = changes_of("choices_and_caps")
+    assert [(x.source, x.event, x.old_targets, x.new_targets, x.breaking) for x in c.choices] == [
+        ("running", "finish", ("done",), ("done", "failed"), True),  # callers must now say `to`
+        ("running", "check", ("running", "failed"), ("running", "failed", "dead"), False),
+        ("failed", "retry", ("queued",), ("queued", "running"), True),
+    ]
+    assert (c.added, c.removed, c.retargeted) == ((), (), ())
+    assert [(o.name, o.old, o.new, o.breaking) for o in c.options] == [
+        ("caps.start", 10, 20, False),  # raised
+        ("caps.finish", None, 2, True),  # added
+        ("caps.retry", 5, 3, True),  # lowered
+        ("caps.give_up", 1, None, False),  # removed
+    ]
+    doc = json.loads((CASES / "choices_and_caps" / "expected.json").read_text())
+    assert doc["choices"][0] == {
+        "from": "running", "event": "finish", "old_to": ["done"], "new_to": ["done", "failed"],
+        "breaking": True,
+    }  # fmt: skip
+    assert {"name": "caps.retry", "old": 5, "new": 3, "breaking": True} in doc["options"]
+
+
+def test_a_choice_losing_a_target_is_breaking_and_back_to_single_too() -> None:
+    old = CASES / "choices_and_caps" / "new.yaml"
+    back = compare(machine(old), machine(CASES / "choices_and_caps" / "old.yaml"))
+    by_pair = {(x.source, x.event): x.breaking for x in back.choices}
+    assert by_pair == {("running", "finish"): True, ("running", "check"): True, ("failed", "retry"): True}

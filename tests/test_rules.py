@@ -39,8 +39,8 @@ def run(marked: str) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, i
         lines.append(line)
     text = "\n".join(lines)
     result = check(Source("spec.yaml", "spec.yaml", text.encode()))
-    found = sorted((d.code, d.line, d.col) for d in result.diagnostics)
-    codes = {d.code for d in result.diagnostics}
+    found = sorted((str(d.code), d.line, d.col) for d in result.diagnostics)
+    codes = {str(d.code) for d in result.diagnostics}
     want = sorted((code, line, col) for code in codes for line, col in expected)
     return found, want, [d.message for d in sorted(result.diagnostics)]
 
@@ -62,7 +62,7 @@ def test_schema_names_the_json_path() -> None:
     assert_only(
         "schema",
         BASE.replace("to: done}", "to: @5}"),
-        "transitions[1].to: expected a string, got integer 5",
+        "transitions[1].to: expected a string or a list, got integer 5",
     )
 
 
@@ -242,3 +242,199 @@ def test_a_misspelt_top_level_key_is_one_diagnostic_not_a_flood() -> None:
     assert any("did you mean 'states'" in m for m in messages)
     found, _, messages = run(BASE.replace("events:", "@evnts:"))
     assert [c for c, _, _ in found] == ["schema"], messages
+
+
+# --- spec language 1.1 ---------------------------------------------------------------
+
+LOOP = """\
+fsmc: 1
+machine: light
+initial: green
+states: [green, yellow, red]
+terminals: []
+events: [next, panic]
+transitions:
+  - {from: green, event: next, to: yellow}
+  - {from: yellow, event: next, to: red}
+  - {from: red, event: next, to: green}
+"""
+
+
+def test_a_machine_that_never_ends_is_clean() -> None:
+    assert run(LOOP)[0] == [("unused-event", 6, 16)]  # panic
+    assert run(LOOP + '  - {from: "*", except: [red], event: panic, to: red}\n')[0] == []
+
+
+def test_a_machine_that_never_ends_still_has_unreachable_states_and_dead_ends() -> None:
+    assert_only(
+        "unreachable-state",
+        LOOP.replace("[green, yellow, red]", "[green, yellow, red, @lost]")
+        + "  - {from: lost, event: panic, to: red}\n",
+    )
+    assert_only(
+        "dead-end",
+        LOOP.replace("[green, yellow, red]", "[green, yellow, red, @off]")
+        + "  - {from: red, event: panic, to: off}\n",
+    )
+
+
+def test_a_wildcard_covers_every_non_terminal_state() -> None:
+    spec = BASE.replace("[start, finish]", "[start, finish, kill]") + (
+        '  - {from: "*", event: kill, to: done}\n'
+    )
+    result = check(Source("s", "s", spec.encode()))
+    assert result.diagnostics == [] and result.machine is not None
+    assert [(s, t) for s, e, t in result.machine.edges if e == "kill"] == [
+        ("queued", "done"), ("running", "done"),
+    ]  # fmt: skip
+
+
+def test_duplicate_transition_between_a_wildcard_and_an_explicit_one_says_which_except() -> None:
+    kill = BASE.replace("[start, finish]", "[start, finish, kill]")
+    assert_only(
+        "duplicate-transition",
+        kill + '  - {from: "*", event: kill, to: done}\n'
+        + "  - {from: @running, event: kill, to: queued}\n",
+        "(running, kill) is already declared by transitions[2]; "
+        "add 'running' to transitions[2].except",
+    )
+    assert_only(
+        "duplicate-transition",
+        kill + "  - {from: running, event: kill, to: queued}\n"
+        + '  - {from: @"*", event: kill, to: done}\n',
+        "add 'running' to transitions[3].except",
+    )
+
+
+def test_except_without_a_wildcard_is_a_schema_error() -> None:
+    assert_only(
+        "schema",
+        BASE.replace("{from: running, event: finish", "{from: running, @except: [queued], event: finish"),
+        "transitions[1].except: only a wildcard source",
+    )
+
+
+def test_except_naming_an_unknown_or_terminal_state() -> None:
+    kill = BASE.replace("[start, finish]", "[start, finish, kill]")
+    assert_only(
+        "unknown-state",
+        kill + '  - {from: "*", except: [@runing], event: kill, to: done}\n',
+        "transitions[2].except: 'runing' is not a declared state; did you mean 'running'?",
+    )
+    assert_only(
+        "unknown-state",
+        kill + '  - {from: "*", except: [@done], event: kill, to: done}\n',
+        "'done' is a terminal state",
+    )
+
+
+def test_a_wildcard_inside_a_list_is_a_schema_error() -> None:
+    assert_only(
+        "schema",
+        BASE + '  - {from: [queued, @"*"], event: finish, to: done}\n',
+        'transitions[2].from[1]: "*" stands alone',
+    )
+
+
+def test_a_choice_of_nothing_or_with_a_repeat_is_a_schema_error() -> None:
+    assert_only("schema", BASE.replace("to: done}", "to: @[]}"), "transitions[1].to: the list must not be empty")
+    assert_only(
+        "schema",
+        BASE.replace("to: done}", "to: [done, queued, @done]}"),
+        "transitions[1].to[2]: string 'done' is already in the list",
+    )
+
+
+def test_a_choice_counts_every_target_in_the_graph_rules() -> None:
+    spec = BASE.replace("  done:\n", "  done:\n  failed:\n").replace(
+        "to: done}", "to: [done, failed]}"
+    ) + "  - {from: failed, event: start, to: running}\n"
+    result = check(Source("s", "s", spec.encode()))
+    assert result.diagnostics == [] and result.machine is not None
+    assert result.machine.choices == {("running", "finish"): ("done", "failed")}
+    assert result.machine.single == {("queued", "start"): "running", ("failed", "start"): "running"}
+    # A `to` list of one is a plain `to`.
+    one = check(Source("s", "s", BASE.replace("to: done}", "to: [done]}").encode()))
+    assert one.diagnostics == [] and one.machine is not None and one.machine.choices == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("0", "got integer 0"),
+        ("-3", "got integer -3"),
+        ("2.5", "expected an integer, got number 2.5"),
+        ("true", "expected an integer, got boolean true"),
+        ("'5'", "expected an integer, got string '5'"),
+        ("1000001", "got integer 1000001"),
+    ],
+)
+def test_a_cap_is_an_integer_from_1_to_a_million(value: str, fragment: str) -> None:
+    assert_only("schema", BASE + f"caps: {{start: @{value}}}\n", "caps.start", fragment, "1 to 1,000,000")
+
+
+def test_a_cap_on_an_undeclared_event() -> None:
+    assert_only("unknown-event", BASE + "caps: {@strat: 3}\n", "caps: 'strat' is not a declared event; did you mean 'start'?")
+
+
+def test_a_cap_on_an_event_no_transition_uses_is_a_warning() -> None:
+    spec = BASE.replace("[start, finish]", "[start, finish, spare]") + "caps: {@spare: 3}\n"
+    found, want, messages = run(spec)
+    assert found == want == [("unused-event", 13, 8)], messages
+    assert "capped but used by no transition" in messages[0]
+
+
+def test_cap_trap() -> None:
+    assert_only(
+        "cap-trap",
+        BASE.replace("  done:\n", "  done:\n  @failed:\n").replace("[start, finish]", "[start, finish, retry]")
+        + "  - {from: running, event: retry, to: failed}\n"
+        + "  - {from: failed, event: retry, to: queued}\n"
+        + "caps: {retry: 5}\n",
+        "state 'failed' can only be left by capped events ('retry' (5))",
+    )
+
+
+def test_trap_says_when_every_path_ends_in_a_dead_end() -> None:
+    # XState's fetch machine, misread: `success` forgotten in terminals.
+    spec = (
+        "fsmc: 1\nmachine: fetch\ninitial: idle\n"
+        "states: [@idle, @loading, success, @failure, gone]\nterminals: [gone]\n"
+        "events: [fetch, resolve, reject, retry, drop]\n"
+        "transitions:\n"
+        "  - {from: idle, event: fetch, to: loading}\n"
+        "  - {from: loading, event: resolve, to: success}\n"
+        "  - {from: loading, event: reject, to: failure}\n"
+        "  - {from: failure, event: retry, to: loading}\n"
+        "  - {from: gone, event: drop, to: gone}\n"
+    )
+    found, _, messages = run(spec)
+    traps = [m for m in messages if "cannot reach any terminal" in m]
+    assert len(traps) == 3, messages
+    assert all("either cycles forever or ends in a dead end ('success')" in m for m in traps[1:])
+    assert "every path from it ends in a dead end" not in " ".join(traps[1:])
+    line_spec = spec.replace("[@idle, @loading, success, @failure, gone]", "[idle, loading, success, failure, gone]")
+    line = check(Source("s", "s", line_spec.replace("  - {from: failure, event: retry, to: loading}\n", "  - {from: failure, event: retry, to: success}\n").encode()))
+    assert any(
+        "every path from it ends in a dead end ('success')" in d.message for d in line.diagnostics if d.code == "trap"
+    ), [d.message for d in line.diagnostics]
+
+
+def test_a_duplicate_pair_does_not_make_its_second_target_unreachable() -> None:
+    # python-statemachine's guess-the-number, mistranslated: one cause, one diagnostic.
+    assert_only(
+        "duplicate-transition",
+        BASE.replace("  done:\n", "  done:\n  low:\n").replace("[start, finish]", "[start, finish, back]")
+        + "  - {from: @running, event: finish, to: low}\n"
+        + "  - {from: low, event: back, to: running}\n",
+    )
+
+
+def test_a_wildcard_in_a_to_or_except_list_is_one_diagnostic() -> None:
+    kill = BASE.replace("[start, finish]", "[start, finish, kill]")
+    assert_only("schema", kill + '  - {from: "*", event: kill, to: [@"*", done]}\n', "transitions[2].to[0]")
+    assert_only("schema", kill + '  - {from: "*", except: [@"*"], event: kill, to: done}\n')
+
+
+def test_an_infinite_cap_is_one_diagnostic() -> None:
+    assert_only("schema", BASE + "caps: {start: @.inf}\n", "expected an integer, got number inf")

@@ -7,14 +7,14 @@ rule (they would become diagram syntax), is not drawn.
 
 from __future__ import annotations
 
+from fsmc.diagnostics import BLOCKS_GRAPH
 from fsmc.escape import dot_id
 from fsmc.model import Machine
 from fsmc.targets import mermaid
 
-BLOCKING = frozenset(
-    {"yaml-syntax", "limit", "duplicate-key", "schema", "bad-name", "duplicate-name",
-     "unknown-state", "unknown-event"}
-)  # fmt: skip
+# The codes after which the machine is not drawn: the same ones that stop the
+# graph rules (a name that does not resolve, or that would become diagram syntax).
+BLOCKING = BLOCKS_GRAPH
 
 
 def render(machine: Machine, fmt: str) -> str:

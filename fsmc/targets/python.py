@@ -1,5 +1,6 @@
-"""The Python module (contract 4.1): enums, the read-only table, apply, the dataclass,
-and `transition()`, which calls the database function of the SQL target."""
+"""The Python module (contract 4.1): enums, the read-only tables (TRANSITIONS for
+single targets, CHOICES, CAPS), apply, the dataclass with its cap counts, and
+`transition()`, which calls the database function of the SQL target."""
 
 from __future__ import annotations
 
@@ -18,10 +19,15 @@ def member(name: str) -> str:
     return name.upper()
 
 
+def count_field(event: str) -> str:
+    """The dataclass field (and PostgreSQL column) that counts a capped event."""
+    return f"{event}_count"
+
+
 def exports(class_name: str) -> list[str]:
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
-    names = ["INITIAL", "TERMINAL", "TRANSITIONS", "Connection", "Event", "IllegalTransition",
-             "State", class_name, "apply", "transition"]  # fmt: skip
+    names = ["CAPS", "CHOICES", "INITIAL", "TERMINAL", "TRANSITIONS", "CapReached", "Connection",
+             "Event", "IllegalTransition", "State", class_name, "apply", "transition"]  # fmt: skip
 
     def rank(name: str) -> tuple[int, str]:
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
@@ -43,12 +49,17 @@ def context(machine: Machine) -> dict[str, object]:
         "states": [(member(s), s, descriptions.get(s)) for s in m.state_names],
         "events": [(member(e), e, event_descriptions.get(e)) for e in m.event_names],
         "initial": member(str(m.initial)),
-        "terminals": [member(s) for s in m.state_names if s in m.terminal_names],
-        "transitions": [(member(s), member(e), member(t)) for s, e, t in m.edges],
+        "terminals": [member(s) for s in m.terminals_in_order],
+        "transitions": [(member(s), member(e), member(t)) for (s, e), t in m.single.items()],
+        "choices": [
+            (member(s), member(e), [member(t) for t in ts]) for (s, e), ts in m.choices.items()
+        ],
+        "caps": [(member(e), count_field(e), cap) for e, cap in m.cap_limits.items()],
         "id_type": ID_TYPES[m.postgres.id_type],
         "uses_uuid": m.postgres.id_type == "uuid",
         "apply_function": sql.Names.of(m).apply,
         "illegal_sqlstate": sqlstate.ILLEGAL_TRANSITION,
+        "cap_sqlstate": sqlstate.CAP_REACHED,
     }
 
 

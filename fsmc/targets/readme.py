@@ -1,5 +1,5 @@
-"""The review README: the diagram and the tables of states, events and transitions,
-as GitHub renders them. Every spec text goes through the Markdown escaper, so a
+"""The review README: the diagram and the tables of states, events and transitions
+(wildcards expanded, a choice as its targets), and the caps, as GitHub renders them. Every spec text goes through the Markdown escaper, so a
 description cannot add a row, a heading or HTML."""
 
 from __future__ import annotations
@@ -31,20 +31,12 @@ def emit(machine: Machine, diagram: str) -> str:
         states=states,
         events=[(str(d.name), d.description or "") for d in m.events],
         transitions=[
-            (str(t.source), str(t.event), str(t.target), t.description or "")
-            for t in _first_of_each(m)
+            (s, e, " or ".join(f"`{x}`" for x in m.targets[s, e]), t.description or "")
+            for (s, e), t in m.first.items()
         ],
+        choices=bool(m.choices),
+        never_ends=not m.terminals,
+        caps=list(m.cap_limits.items()),
         lease=m.lease,
         files=[p.split("/", 1)[1] for p in (paths.module, paths.sql, paths.mermaid, paths.tests)],
     )
-
-
-def _first_of_each(m: Machine) -> list:  # type: ignore[type-arg]
-    seen: set[tuple[str, str]] = set()
-    out = []
-    for t in m.transitions:
-        key = (str(t.source), str(t.event))
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out

@@ -10,6 +10,7 @@ so psycopg raises them as `psycopg.errors.IntegrityError` subclasses.
 | 23F04 | a direct write moves a row along an edge the spec lacks, out of a terminal, or without bumping `state_version` by one; or inserts a row not in the initial state at version 0 |
 | 23F05 | at COMMIT: a row's state (or version) changed without the matching event row, or an event row records a move its row did not make |
 | 23F06 | UPDATE, DELETE or TRUNCATE on the append-only event log |
+| 23F07 | `<machine>_apply`: a capped event has fired its cap's worth in this row's life |
 
 Other refusals keep PostgreSQL's own codes: an undeclared state is the state CHECK's
 23514 (check_violation), as is an event row whose (from, event, to) is not one of
@@ -26,3 +27,4 @@ UNKNOWN_ID = "23F03"
 BYPASS_WRITE = "23F04"
 UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
+CAP_REACHED = "23F07"

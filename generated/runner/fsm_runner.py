@@ -20,9 +20,12 @@ import types
 import typing
 
 __all__ = [
+    "CAPS",
+    "CHOICES",
     "INITIAL",
     "TERMINAL",
     "TRANSITIONS",
+    "CapReached",
     "Connection",
     "Event",
     "IllegalTransition",
@@ -73,37 +76,101 @@ TRANSITIONS: typing.Final[collections.abc.Mapping[tuple[State, Event], State]] =
         }
     )
 )
+"""The single-target transitions: (state, event) -> the next state."""
+CHOICES: typing.Final[collections.abc.Mapping[tuple[State, Event], frozenset[State]]] = (
+    types.MappingProxyType(
+        {
+        }
+    )
+)
+"""The choices: (state, event) -> the states the caller may pick with `to=`."""
+CAPS: typing.Final[collections.abc.Mapping[Event, int]] = types.MappingProxyType(
+    {
+    }
+)
+"""Capped events: the most times each may fire in one runner's life."""
 
-# A plain dict answers apply() faster than the read-only proxy. State and Event
-# hash and compare as their string values, so it also answers for plain strings.
+# Plain dicts answer apply() faster than the read-only proxies. State and Event
+# hash and compare as their string values, so they also answer for plain strings.
 _TABLE: typing.Final[dict[tuple[str, str], State]] = {
     key: target for key, target in TRANSITIONS.items()
+}
+# Every legal (state, event, to): apply(..., to=...) is one lookup, choice or not.
+_TARGETS: typing.Final[dict[tuple[str, str, str], State]] = {
+    **{(s, e, t): t for (s, e), t in TRANSITIONS.items()},
+    **{(s, e, t): t for (s, e), targets in CHOICES.items() for t in targets},
 }
 
 
 class IllegalTransition(Exception):
-    """The table has no transition for `event` in `state`."""
+    """The table has no transition for `event` in `state` (to `to`, when given)."""
 
     state: State
     event: Event
+    to: State | None
 
-    def __init__(self, state: State | str, event: Event | str) -> None:
+    def __init__(
+        self, state: State | str, event: Event | str, to: State | str | None = None
+    ) -> None:
         self.state = state = _state(state)
         self.event = event = _event(event)
+        self.to = to = None if to is None else _state(to)
+        super().__init__(self._message(state, event, to))
+
+    @staticmethod
+    def _message(state: State, event: Event, to: State | None) -> str:
         if state in TERMINAL:
-            message = (
+            return (
                 f"runner is in terminal state {state.value!r}; "
                 f"refusing event {event.value!r}"
             )
-        else:
-            message = (
-                f"runner has no transition from state {state.value!r} "
-                f"on event {event.value!r}"
+        choice = CHOICES.get((state, event))
+        if choice is not None:
+            named = ", ".join(repr(s.value) for s in State if s in choice)
+            if to is None:
+                return (
+                    f"runner event {event.value!r} in state {state.value!r} is a "
+                    f"choice: pass to= one of {named}"
+                )
+            return (
+                f"runner has no transition from state {state.value!r} on event "
+                f"{event.value!r} to {to.value!r}; it leads to one of {named}"
             )
-        super().__init__(message)
+        target = TRANSITIONS.get((state, event))
+        if target is not None and to is not None:
+            return (
+                f"runner has no transition from state {state.value!r} on event "
+                f"{event.value!r} to {to.value!r}; it leads to {target.value!r}"
+            )
+        return (
+            f"runner has no transition from state {state.value!r} "
+            f"on event {event.value!r}"
+        )
 
-    def __reduce__(self) -> tuple[type[IllegalTransition], tuple[State, Event]]:
-        return (IllegalTransition, (self.state, self.event))
+    def __reduce__(
+        self,
+    ) -> tuple[type[IllegalTransition], tuple[State, Event, State | None]]:
+        return (IllegalTransition, (self.state, self.event, self.to))
+
+
+class CapReached(IllegalTransition):
+    """`event` is capped (CAPS) and this runner has fired it `cap` times already."""
+
+    cap: int
+
+    def __init__(self, state: State | str, event: Event | str, cap: int) -> None:
+        super().__init__(state, event)
+        self.cap = cap
+        message = (
+            f"runner has fired event {self.event.value!r} {cap} times, its cap; "
+            f"refusing it in state {self.state.value!r}"
+        )
+        self.args = (message,)
+
+    def __reduce__(  # type: ignore[override]
+        self,
+    ) -> tuple[type[CapReached], tuple[State, Event, int]]:
+        return (CapReached, (self.state, self.event, self.cap))
 
 
 def _state(value: State | str) -> State:
@@ -126,17 +193,22 @@ def _event(value: Event | str) -> Event:
         ) from None
 
 
-def apply(state: State | str, event: Event | str) -> State:
+def apply(state: State | str, event: Event | str, to: State | str | None = None) -> State:
     """The state after `event` in `state`.
 
-    Raises IllegalTransition when the table has no such transition, and ValueError
-    for a string that names no state or event.
+    For a choice (CHOICES), `to` is required and must be one of its targets; for a
+    single-target transition it may be given, and must be that target. Raises
+    IllegalTransition when the table has no such transition, and ValueError for a
+    string that names no state or event. Knows nothing of caps: the
+    Runner dataclass counts.
     """
     try:
-        return _TABLE[state, event]
+        if to is None:
+            return _TABLE[state, event]
+        return _TARGETS[state, event, to]
     except (KeyError, TypeError):  # TypeError: an unhashable argument
         pass
-    raise IllegalTransition(_state(state), _event(event))
+    raise IllegalTransition(_state(state), _event(event), to)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,12 +223,13 @@ class Runner:
         # `Runner(id, "queued")` holds State.QUEUED; an unknown state is a ValueError.
         _SET_STATE(self, _state(self.state))
 
-    def apply(self, event: Event | str) -> Runner:
-        """This runner after `event`, at version + 1; `self` is left unchanged."""
+    def apply(self, event: Event | str, to: State | str | None = None) -> Runner:
+        """This runner after `event`, at version + 1; `self` is left unchanged.
+        """
         try:
-            state = _TABLE[self.state, event]
+            state = _TABLE[self.state, event] if to is None else _TARGETS[self.state, event, to]
         except KeyError:
-            state = apply(self.state, event)  # raises IllegalTransition or ValueError
+            state = apply(self.state, event, to)  # raises IllegalTransition or ValueError
         new = object.__new__(Runner)
         _SET_ID(new, self.id)
         _SET_STATE(new, state)
@@ -179,7 +252,13 @@ class Connection(typing.Protocol):
 
 
 _APPLY_SQL: typing.Final = "SELECT runner_apply(%s, %s, %s, %s, %s::jsonb)"
+# `to` goes by name, and only when given: the function's other callers (and older
+# schemas) need not know the parameter.
+_APPLY_TO_SQL: typing.Final = (
+    "SELECT runner_apply(%s, %s, %s, %s, %s::jsonb, to_state => %s)"
+)
 ILLEGAL_TRANSITION_SQLSTATE: typing.Final = "23F01"
+CAP_REACHED_SQLSTATE: typing.Final = "23F07"
 _STATE_IN_ERROR: typing.Final = re.compile(r'state[ =]"?([a-z][a-z0-9_]*)')
 
 
@@ -191,13 +270,16 @@ def transition(
     expected_version: int,
     actor: str,
     payload: object = None,
+    to: State | str | None = None,
 ) -> int | None:
     """Apply `event` to row `id` in the database, in the caller's transaction.
 
     Returns the row's new version, or None when its version is no longer
     `expected_version` (someone moved it first; nothing changed: re-read the row).
-    Raises IllegalTransition when the database refuses the transition from the
-    row's current state, ValueError for an event this module does not know, and
+    `to` picks a choice's target (CHOICES). Raises IllegalTransition when the
+    database refuses the transition from the row's current state (CapReached when a
+    capped event has fired its cap's worth), ValueError for an event or a `to` this
+    module does not know, and
     lets the driver's error through for anything else (no row with that id is
     SQLSTATE 23F03). Never commits; after an error the transaction is aborted, so
     roll back.
@@ -211,15 +293,23 @@ def transition(
     search_path`, not per session.
     """
     checked = _event(event)
+    target = None if to is None else _state(to)
     body = None if payload is None else json.dumps(payload)
     cursor = conn.cursor()
     try:
         try:
-            cursor.execute(_APPLY_SQL, (id, checked.value, expected_version, actor, body))
+            if target is None:
+                cursor.execute(_APPLY_SQL, (id, checked.value, expected_version, actor, body))
+            else:
+                args = (id, checked.value, expected_version, actor, body, target.value)
+                cursor.execute(_APPLY_TO_SQL, args)
         except Exception as error:
-            if getattr(error, "sqlstate", None) != ILLEGAL_TRANSITION_SQLSTATE:
+            sqlstate = getattr(error, "sqlstate", None)
+            if sqlstate == CAP_REACHED_SQLSTATE and checked in CAPS:
+                raise CapReached(_state_in(error), checked, CAPS[checked]) from error
+            if sqlstate != ILLEGAL_TRANSITION_SQLSTATE:
                 raise
-            raise IllegalTransition(_state_in(error), checked) from error
+            raise IllegalTransition(_state_in(error), checked, target) from error
         row = cursor.fetchone()
     finally:
         cursor.close()

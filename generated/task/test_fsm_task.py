@@ -85,6 +85,21 @@ TABLE: dict[tuple[str, str], str] = {
     ("failed", "retry"): "new",
     ("failed", "give_up"): "dead",
 }
+CHOICES: dict[tuple[str, str], frozenset[str]] = {
+}
+CAPS: dict[str, int] = {
+}
+
+
+def _moves(state: str) -> list[tuple[str, str | None, str]]:
+    """(event, to, target) for every way out of `state`; `to` is None unless a choice."""
+    out: list[tuple[str, str | None, str]] = [
+        (e, None, t) for (s, e), t in TABLE.items() if s == state
+    ]
+    for (s, e), targets in CHOICES.items():
+        if s == state:
+            out += [(e, t, t) for t in sorted(targets)]
+    return out
 
 
 def test_states_and_events_are_the_specs_in_order() -> None:
@@ -100,28 +115,58 @@ def test_initial_and_terminal_states() -> None:
 def test_the_table_is_exactly_the_specs() -> None:
     table = {(s.value, e.value): t.value for (s, e), t in machine.TRANSITIONS.items()}
     assert table == TABLE
+    choices = {
+        (s.value, e.value): frozenset(t.value for t in ts) for (s, e), ts in machine.CHOICES.items()
+    }
+    assert choices == CHOICES
+    assert {e.value: cap for e, cap in machine.CAPS.items()} == CAPS
     with pytest.raises(TypeError):
         machine.TRANSITIONS[machine.State(INITIAL), machine.Event(EVENTS[0])] = (  # type: ignore[index]
             machine.State(INITIAL)
         )
+    with pytest.raises(TypeError):
+        machine.CAPS[machine.Event(EVENTS[0])] = 1  # type: ignore[index]
 
 
 def test_every_declared_transition() -> None:
     for (state, event), target in TABLE.items():
         assert machine.apply(state, event) is machine.State(target), (state, event)
         assert machine.apply(machine.State(state), machine.Event(event)) is machine.State(target)
+        assert machine.apply(state, event, to=target) is machine.State(target)
+        # Another `to` is refused (one is enough: the table is checked above).
+        other = next((s for s in STATES if s != target), None)
+        if other is not None:
+            with pytest.raises(machine.IllegalTransition):
+                machine.apply(state, event, to=other)
+
+
+def test_every_target_of_every_choice() -> None:
+    for (state, event), targets in CHOICES.items():
+        for target in STATES:
+            if target in targets:
+                assert machine.apply(state, event, to=target) is machine.State(target)
+                assert machine.apply(
+                    machine.State(state), machine.Event(event), to=machine.State(target)
+                ) is machine.State(target)
+            else:
+                with pytest.raises(machine.IllegalTransition) as raised:
+                    machine.apply(state, event, to=target)
+                assert raised.value.to is machine.State(target), (state, event, target)
+        with pytest.raises(machine.IllegalTransition, match="choice"):
+            machine.apply(state, event)
 
 
 def test_every_undeclared_pair_is_illegal() -> None:
     for state in STATES:
         for event in EVENTS:
-            if (state, event) in TABLE:
+            if (state, event) in TABLE or (state, event) in CHOICES:
                 continue
-            with pytest.raises(machine.IllegalTransition) as raised:
-                machine.apply(state, event)
-            assert raised.value.state is machine.State(state)
-            assert raised.value.event is machine.Event(event)
-            assert repr(state) in str(raised.value) and repr(event) in str(raised.value)
+            for to in (None, state):  # naming a target does not make a pair legal
+                with pytest.raises(machine.IllegalTransition) as raised:
+                    machine.apply(state, event, to)
+                assert raised.value.state is machine.State(state)
+                assert raised.value.event is machine.Event(event)
+                assert repr(state) in str(raised.value) and repr(event) in str(raised.value)
 
 
 def test_terminal_states_refuse_every_event() -> None:
@@ -136,6 +181,8 @@ def test_unknown_names_raise_value_error() -> None:
         machine.apply("no such state", EVENTS[0])
     with pytest.raises(ValueError, match="'no such event'"):
         machine.apply(INITIAL, "no such event")
+    with pytest.raises(ValueError, match="'no such target'"):
+        machine.apply(INITIAL, EVENTS[0], to="no such target")
 
 
 def _reachable(start: set[str], edges: dict[str, set[str]]) -> set[str]:
@@ -148,17 +195,24 @@ def _reachable(start: set[str], edges: dict[str, set[str]]) -> set[str]:
     return seen
 
 
+def _module_edges() -> list[tuple[str, str]]:
+    """(from, to) for every transition and every choice target of the module."""
+    edges = [(s.value, t.value) for (s, _e), t in machine.TRANSITIONS.items()]
+    edges += [(s.value, t.value) for (s, _e), ts in machine.CHOICES.items() for t in ts]
+    return edges
+
+
 def test_every_state_is_reachable_from_the_initial_one() -> None:
     forward: dict[str, set[str]] = collections.defaultdict(set)
-    for (state, _event), target in machine.TRANSITIONS.items():
-        forward[state.value].add(target.value)
+    for state, target in _module_edges():
+        forward[state].add(target)
     assert _reachable({machine.INITIAL.value}, forward) == set(STATES)
 
 
 def test_a_terminal_state_is_reachable_from_every_state() -> None:
     backward: dict[str, set[str]] = collections.defaultdict(set)
-    for (state, _event), target in machine.TRANSITIONS.items():
-        backward[target.value].add(state.value)
+    for state, target in _module_edges():
+        backward[target].add(state)
     assert _reachable({t.value for t in machine.TERMINAL}, backward) == set(STATES)
 
 
@@ -167,14 +221,14 @@ def test_the_dataclass_is_immutable_and_apply_returns_a_new_one() -> None:
     assert (item.state, item.version) == (machine.State(INITIAL), 0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         item.state = machine.State(INITIAL)  # type: ignore[misc]
-    (event, target) = next((e, t) for (s, e), t in TABLE.items() if s == INITIAL)
-    moved = item.apply(event)
+    (event, to, target) = _moves(INITIAL)[0]
+    moved = item.apply(event, to)
     assert (moved.id, moved.state, moved.version) == (item.id, machine.State(target), 1)
     assert (item.state, item.version) == (machine.State(INITIAL), 0)
 
 
 def test_illegal_transition_survives_pickling() -> None:
-    state = min(TERMINALS)
+    state = STATES[-1]
     error = machine.IllegalTransition(machine.State(state), machine.Event(EVENTS[0]))
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.state, copy.event, str(copy)) == (error.state, error.event, str(error))
