@@ -40,7 +40,6 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from fsmc import migrate as migrate_module
-from fsmc import sqlparts
 from fsmc.digest import machine_digest
 from fsmc.migrate import LOCK_TIMEOUT, Unsupported, identity_sequence, migrate
 from fsmc.model import Machine
@@ -713,38 +712,6 @@ def test_the_script_is_deterministic_and_records_both_specs() -> None:
                              " to tests/migrate_cases/added_state/new.yaml. DO NOT EDIT.\n")  # fmt: skip
     for text in (old.sha256, new.sha256, machine_digest(old), machine_digest(new), "+ state cancelled"):
         assert text in script
-
-
-def test_sqlparts_reads_statements_and_tables_around_comments_and_quotes() -> None:
-    text = """-- a header; with a 'quote
-CREATE TABLE "user" (
-    -- the log's id; a comment inside the table
-    id bigint NOT NULL, -- it's (
-    state text NOT NULL DEFAULT 'a--b, (c',
-    CONSTRAINT user_check CHECK (state = ANY ('{"a","b"}'::text[]))
-) WITH (fillfactor = 90);
-CREATE FUNCTION f() RETURNS int
-LANGUAGE plpgsql
-AS $fsmc$
-BEGIN
-    -- a comment; inside the body
-    RETURN 1;
-END
-$fsmc$;
-CREATE CONSTRAINT TRIGGER t AFTER UPDATE ON "user"
-FOR EACH ROW EXECUTE FUNCTION f();
-"""
-    parts = sqlparts.statements(text)
-    assert [(s.kind, s.name) for s in parts] == [("table", '"user"'), ("function", "f"), ("trigger", "t")]
-    assert parts[2].trigger_table == '"user"'
-    assert sqlparts.table(parts[0]) == sqlparts.Table(
-        '"user"',
-        (("id", "id bigint NOT NULL"), ("state", "state text NOT NULL DEFAULT 'a--b, (c'")),
-        (("user_check", """CHECK (state = ANY ('{"a","b"}'::text[]))"""),),
-        (("fillfactor", "90"),),
-    )
-    with pytest.raises(AssertionError, match="does not know"):
-        sqlparts.statements("GRANT ALL ON t TO u;\n")
 
 
 def test_identity_sequence_names_follow_postgresql(pg_dsn: str) -> None:
