@@ -126,6 +126,12 @@ class Function:
     comment: tuple[str, ...] = ()
 
     @property
+    def source(self) -> str:
+        """What PostgreSQL keeps as its source (`pg_proc.prosrc`) for a dollar-quoted
+        body: the text between the quotes, which starts on a line of its own."""
+        return "\n" + self.body
+
+    @property
     def key(self) -> str:
         """Its identity in the catalog: the name and the argument types."""
         return f"{self.name}({', '.join(p.type for p in self.parameters)})"
@@ -154,7 +160,7 @@ class Function:
             lines.append(f"RETURN {self.body};")
         else:
             assert DOLLAR_QUOTE not in self.body
-            lines.append(f"AS {DOLLAR_QUOTE}\n{self.body}{DOLLAR_QUOTE};")
+            lines.append(f"AS {DOLLAR_QUOTE}{self.source}{DOLLAR_QUOTE};")
         return "\n".join(lines)
 
 
