@@ -215,18 +215,22 @@ class Scratch:
 
 def path_to(machine: Machine, target: str) -> list[str]:
     """The events of a shortest walk from the initial state to `target`."""
-    start = str(machine.initial)
+    return shortest_walk(machine, str(machine.initial), {target})
+
+
+def shortest_walk(machine: Machine, start: str, into: set[str]) -> list[str]:
+    """The events of a shortest walk from `start` to a state in `into`."""
     seen: dict[str, list[str]] = {start: []}
     queue = deque([start])
     while queue:
         here = queue.popleft()
-        if here == target:
+        if here in into:
             return seen[here]
         for (source_state, event), to in machine.table.items():
             if source_state == here and to not in seen:
                 seen[to] = seen[here] + [event]
                 queue.append(to)
-    raise AssertionError(f"{target} is unreachable")
+    raise AssertionError(f"no walk from {start} into {sorted(into)}")
 
 
 def walk_of_length(machine: Machine, length: int, end_in: set[str]) -> list[str]:

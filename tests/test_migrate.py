@@ -29,7 +29,6 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ from fsmc.targets import sql as sql_target
 from fsmc.targets.pgschema import Column, Parameter, Schema, View, unquote
 from fsmc.targets.sql import Names
 from tests import test_postgres as tp
-from tests.pg_scratch import Scratch, machine_from_text, states_reachable
+from tests.pg_scratch import Scratch, machine_from_text, shortest_walk, states_reachable
 
 CASES = Path(__file__).resolve().parent / "migrate_cases"
 
@@ -117,21 +116,6 @@ def refused(db: Scratch, script: str, **kwargs: Any) -> str:
 # --- filling a database ---------------------------------------------------------------
 
 
-def walk_out(machine: Machine, start: str, keep: set[str]) -> list[str]:
-    """Events of a shortest walk from `start` to a state in `keep`."""
-    seen: dict[str, list[str]] = {start: []}
-    queue = deque([start])
-    while queue:
-        here = queue.popleft()
-        if here in keep:
-            return seen[here]
-        for (source, event), to in machine.table.items():
-            if source == here and to not in seen:
-                seen[to] = seen[here] + [event]
-                queue.append(to)
-    raise AssertionError(f"no walk from {start} into {sorted(keep)}")
-
-
 def fill(db: Scratch, *, keep: set[str] | None = None) -> None:
     """A row that took each transition, a row in each state, a newborn row; then, with
     `keep`, rows outside it walked on until they are in it (through _apply: history)."""
@@ -149,7 +133,7 @@ def fill(db: Scratch, *, keep: set[str] | None = None) -> None:
         if keep is None:
             return
         for row_id, state, version in conn.execute(db.q("SELECT id, state, state_version FROM {table}")).fetchall():
-            for event in walk_out(m, state, keep):
+            for event in shortest_walk(m, state, keep):
                 version = db.apply(conn, row_id, event, version, actor="history")
         conn.commit()
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from fsmc import facts
 from fsmc.model import Machine
 from fsmc.targets.common import header_context
 from fsmc.templating import render
@@ -72,7 +73,7 @@ def diagram(machine: Machine) -> str:
         aliases=[(i, s) for s, i in ids.items() if i != s],
         initial=ids.get(initial, initial),
         transitions=[(ids[s], e, ids[t]) for s, e, t in m.edges],
-        terminals=[ids[s] for s in m.state_names if s in m.terminal_names],
+        terminals=[ids[s] for s in facts.terminals(m)],
         # A state on no arrow (only in a spec with errors, drawn by `fsmc graph`).
         lone=[i for s, i in ids.items() if s not in mentioned and i == s],
     )

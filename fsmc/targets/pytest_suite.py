@@ -4,6 +4,7 @@ to the module's table by hand makes it fail."""
 
 from __future__ import annotations
 
+from fsmc import facts
 from fsmc.model import Machine
 from fsmc.targets import python, sql
 from fsmc.targets.common import header_context, module_name
@@ -21,7 +22,7 @@ def emit(machine: Machine) -> str:
         states=list(m.state_names),
         events=list(m.event_names),
         initial=str(m.initial),
-        terminals=[s for s in m.state_names if s in m.terminal_names],
+        terminals=facts.terminals(m),
         transitions=list(m.edges),
         sample_id=python.SAMPLE_IDS[m.postgres.id_type],
         uses_uuid=m.postgres.id_type == "uuid",

@@ -3,6 +3,7 @@ and `transition()`, which calls the database function of the SQL target."""
 
 from __future__ import annotations
 
+from fsmc import facts
 from fsmc.model import Machine
 from fsmc.targets import sql, sqlstate
 from fsmc.targets.common import header_context, module_name
@@ -43,7 +44,7 @@ def context(machine: Machine) -> dict[str, object]:
         "states": [(member(s), s, descriptions.get(s)) for s in m.state_names],
         "events": [(member(e), e, event_descriptions.get(e)) for e in m.event_names],
         "initial": member(str(m.initial)),
-        "terminals": [member(s) for s in m.state_names if s in m.terminal_names],
+        "terminals": [member(s) for s in facts.terminals(m)],
         "transitions": [(member(s), member(e), member(t)) for s, e, t in m.edges],
         "id_type": ID_TYPES[m.postgres.id_type],
         "uses_uuid": m.postgres.id_type == "uuid",
