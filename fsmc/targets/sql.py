@@ -73,7 +73,7 @@ import jinja2
 
 from fsmc import facts
 from fsmc.digest import machine_digest
-from fsmc.escape import sql_ident, sql_name, sql_str, sql_text_array
+from fsmc.escape import sql_comment, sql_ident, sql_name, sql_str, sql_text_array
 from fsmc.facts import CLAIM_COLUMNS, CLAIM_RULE, Action
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
@@ -302,7 +302,7 @@ class FileContext:
     states: list[tuple[str, str]]
     events: list[tuple[str, str]]
     codes: Codes
-    statements: list[tuple[tuple[str, ...], str]]  # (comment lines, statement)
+    statements: list[tuple[tuple[str, ...], str]]  # (comment lines, escaped; statement)
     pin: str
 
 
@@ -493,6 +493,11 @@ def schema(machine: Machine) -> Schema:
     return Schema((table, events), indexes, tuple(functions), triggers)
 
 
+# The file's comment lines are fsmc's own sentences (a machine's name at most), the
+# same for every machine: each is escaped once per process.
+_comment = cache(sql_comment)
+
+
 def context(machine: Machine) -> FileContext:
     m = machine
     model = schema(m)
@@ -504,7 +509,7 @@ def context(machine: Machine) -> FileContext:
         states=[(s, descriptions.get(s, "")) for s in m.state_names],
         events=[(e, event_descriptions.get(e, "")) for e in m.event_names],
         codes=Codes(),
-        statements=list(model.statements()),
+        statements=[(tuple(_comment(line) for line in c), s) for c, s in model.statements()],
         pin=pin_search_path(model.function_names()),
     )
 
