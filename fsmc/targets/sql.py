@@ -514,24 +514,31 @@ def context(machine: Machine) -> FileContext:
     )
 
 
-def test_context(machine: Machine) -> dict[str, object]:
+@dataclass(frozen=True)
+class SuiteContext:
     """What the generated pytest file needs to reach the database: the file's name, the
     identifiers as SQL spells them, the id type and the SQLSTATEs."""
+
+    file: str
+    table: str
+    events_table: str
+    id_column: str
+    apply: str
+    id_type: str
+    codes: Codes
+
+
+def test_context(machine: Machine) -> SuiteContext:
     names = Names.of(machine)
-    return {
-        "file": Paths.of(machine).sql.rsplit("/", 1)[-1],
-        "table": names.table,
-        "events_table": names.events_table,
-        "id_column": names.id_column,
-        "apply": names.apply,
-        "id_type": machine.postgres.id_type,
-        "codes": {
-            "illegal": sqlstate.ILLEGAL_TRANSITION,
-            "bypass": sqlstate.BYPASS_WRITE,
-            "unlogged": sqlstate.UNLOGGED_CHANGE,
-            "append_only": sqlstate.APPEND_ONLY,
-        },
-    }
+    return SuiteContext(
+        file=Paths.of(machine).sql.rsplit("/", 1)[-1],
+        table=names.table,
+        events_table=names.events_table,
+        id_column=names.id_column,
+        apply=names.apply,
+        id_type=machine.postgres.id_type,
+        codes=Codes(),
+    )
 
 
 def emit(machine: Machine) -> str:
