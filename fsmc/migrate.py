@@ -15,7 +15,9 @@ table, constraint or index, whichever OLD's schema has under it). Then `plan`
 compares mid's schema with NEW's: columns added or dropped, defaults, CHECK
 constraints, storage parameters, indexes, views, functions, triggers. Every
 function is replaced (CREATE OR REPLACE keeps its grants and owner; one whose
-result type or parameters change is dropped first) and every trigger dropped and
+result type or parameter names change is dropped first; one whose argument types
+change is another function: NEW's is created, OLD's dropped with the other objects
+NEW lacks) and every view replaced, every trigger dropped and
 created again (a constraint trigger cannot be replaced), not only those whose
 text changed: the result is then NEW's, whichever fsmc version built the
 database's functions. The data rules (the digest guard, states with rows, the
@@ -42,14 +44,14 @@ for the build):
    derived from them), new columns, defaults, storage parameters, new or changed
    indexes, and the claim columns of rows whose state gains or loses its lease.
 4. CHECK constraints whose definition changed are dropped and added again `NOT
-   VALID`; functions replaced; triggers recreated.
+   VALID`; views and functions replaced; triggers recreated.
 5. Validation: a CHECK on the machine's table is validated (every row is in a
    state NEW declares: step 2 made sure). The event log's triple CHECK is validated
    only where its history allows: when old events record transitions NEW no longer
    has, validation fails, the CHECK stays `NOT VALID` (it still checks every new
    event), and a NOTICE says how many old events it spares. History is never
    rewritten: no statement of the script touches an event row.
-6. Contract: functions, triggers, indexes, constraints and columns NEW lacks are
+6. Contract: triggers, functions, views, indexes, constraints and columns NEW lacks are
    dropped (a dependent object of the user's makes that fail, changing nothing).
 7. NEW's digest is recorded last, by replacing `<machine>_fsmc_digest()`.
 
