@@ -113,6 +113,14 @@ def refused(db: Scratch, script: str, **kwargs: Any) -> str:
     return ran.stderr
 
 
+def refused_changing_nothing(db: Scratch, machine: Machine, script: str, **kwargs: Any) -> str:
+    """The error of a refused `script`, after which catalog and data are as they were."""
+    before = snapshot(db, machine)
+    error = refused(db, script, **kwargs)
+    assert snapshot(db, machine) == before
+    return error
+
+
 # --- filling a database ---------------------------------------------------------------
 
 
@@ -482,10 +490,8 @@ def test_the_refusal_names_each_removed_state_with_its_count(pg_dsn: str) -> Non
             db.row_at(conn, "failed")
             db.row_at(conn, "paused")
             db.row_at(conn, "paused")
-        before = snapshot(db, old)
-        error = refused(db, migrate(old, new))
+        error = refused_changing_nothing(db, old, migrate(old, new))
         assert 'still in: state "paused" (2 rows), state "failed" (1 row); nothing was changed' in error
-        assert snapshot(db, old) == before
 
 
 def catalog_of(dsn: str, machine: Machine) -> Catalog:
@@ -497,11 +503,9 @@ def test_a_database_built_from_another_machine_is_refused(pg_dsn: str) -> None:
     other = machine_from_text((CASES / "added_state" / "old.yaml").read_text().replace("machine: job", "machine: jab")
                               .replace("table: jobs", "table: jabs").replace("events_table: job_events", "events_table: jab_events"))  # fmt: skip
     with built(pg_dsn, other) as db:
-        before = snapshot(db, other)
-        error = refused(db, migrate(spec("added_state"), spec("added_state", "new")))
+        error = refused_changing_nothing(db, other, migrate(spec("added_state"), spec("added_state", "new")))
         assert 'no job_fsmc_digest() on the search_path' in error and 'machine "job"' in error, error
         assert "nothing was changed" in error
-        assert snapshot(db, other) == before
 
 
 def test_refusals_are_sqlstate_55000_through_psycopg_too(pg_dsn: str) -> None:
@@ -523,12 +527,10 @@ def test_a_database_built_from_another_version_of_the_spec_is_refused(pg_dsn: st
     old, new = spec("added_state"), spec("added_state", "new")
     with built(pg_dsn, built_from) as db:
         fill(db)
-        before = snapshot(db, built_from)
-        error = refused(db, migrate(old, new))
+        error = refused_changing_nothing(db, built_from, migrate(old, new))
         assert f"built from machine digest {machine_digest(built_from)}, not from the old spec's" \
                f" ({machine_digest(old)}); nothing was changed" in error  # fmt: skip
         assert "generate the migration from the spec this database was built from" in error
-        assert snapshot(db, built_from) == before
 
 
 def test_running_a_migration_twice_refuses_the_second_time(pg_dsn: str) -> None:
@@ -536,19 +538,15 @@ def test_running_a_migration_twice_refuses_the_second_time(pg_dsn: str) -> None:
     with built(pg_dsn, old) as db:
         fill(db)
         migrate_ok(db, migrate(old, new))
-        before = snapshot(db, new)
-        error = refused(db, migrate(old, new))
+        error = refused_changing_nothing(db, new, migrate(old, new))
         assert "already at the new spec: there is nothing to migrate" in error
-        assert snapshot(db, new) == before
 
 
 def test_a_search_path_that_would_create_objects_elsewhere_is_refused(pg_dsn: str) -> None:
     old, new = spec("lease_added"), spec("lease_added", "new")
     with built(pg_dsn, old) as db:
-        before = snapshot(db, old)
-        error = refused(db, migrate(old, new), search_path=f"public,{db.schema}")
+        error = refused_changing_nothing(db, old, migrate(old, new), search_path=f"public,{db.schema}")
         assert f"machine is in schema {db.schema}, but new objects would be created in public" in error
-        assert snapshot(db, old) == before
 
 
 def test_a_lock_not_granted_in_time_changes_nothing(pg_dsn: str) -> None:
@@ -616,10 +614,8 @@ def test_renaming_a_state_in_two_releases_keeps_the_log_replayable(pg_dsn: str) 
         # Release 2 cannot ship while rows are still in paused...
         paused = [r for r, (state, *_rest) in at_v1.rows.items() if state == "paused"]
         assert paused
-        before = snapshot(db, v2)
-        error = refused(db, migrate(v2, v3))
+        error = refused_changing_nothing(db, v2, migrate(v2, v3))
         assert f'state "paused" ({len(paused)} rows)' in error
-        assert snapshot(db, v2) == before
         # ... so the sweep of the docstring moves them, each with its own event row.
         with psycopg.connect(db.dsn, user=db.role, options=f"-c search_path={db.schema}") as conn:
             moved = conn.execute("SELECT job_apply(id, 'rename_paused', state_version, 'release 1.5')"
