@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
 
 import psycopg  # noqa: E402
 
-from fsmc import pipeline, source  # noqa: E402
+from fsmc import facts, pipeline, source  # noqa: E402
 from fsmc.model import Machine  # noqa: E402
 from fsmc.targets import sql as sql_target  # noqa: E402
 
@@ -66,14 +66,9 @@ WARMUP = 30  # transitions per connection before timing: psycopg prepares after 
 NEXT = {"queued": ("claim", "claimed"), "claimed": ("start", "running"),
         "running": ("reclaim", "queued")}  # fmt: skip
 
-# The same UPDATE apply makes (version check, lease bookkeeping), hand-written.
-LEASE_SET = """
-    claimed_by = CASE %(lease)s WHEN 'enter' THEN %(actor)s WHEN 'leave' THEN NULL
-                 ELSE claimed_by END,
-    claimed_at = CASE %(lease)s WHEN 'enter' THEN now() WHEN 'leave' THEN NULL
-                 ELSE claimed_at END,
-    heartbeat_at = CASE %(lease)s WHEN 'leave' THEN NULL WHEN 'none' THEN heartbeat_at
-                   ELSE now() END"""
+# The same UPDATE apply makes (version check, lease bookkeeping): the claim rule's
+# SET clauses from fsmc.facts, as the SQL target writes them, over a parameter.
+LEASE_SET = ",\n    ".join(sql_target.claim_assignments("%(lease)s", "%(actor)s"))
 CTE_SQL = f"""
 WITH moved AS (
     UPDATE jobs_bare SET state = %(to)s, state_version = state_version + 1, {LEASE_SET}
@@ -99,6 +94,9 @@ def job_machine() -> Machine:
     if not checked.ok() or checked.machine is None:
         raise SystemExit(f"specs/job.yaml does not check: {checked.diagnostics}")
     return checked.machine
+
+
+JOB = job_machine()
 
 
 def setup(dsn: str, schema: str, machine: Machine) -> None:
@@ -129,10 +127,8 @@ def rows_of(conn: psycopg.Connection[Any], table: str, worker: int) -> list[list
 
 
 def lease_change(source_state: str, target: str) -> str:
-    held = {"claimed", "running"}
-    if target in held:
-        return "stay" if source_state in held else "enter"
-    return "leave" if source_state in held else "none"
+    """What a step does to the claim columns: the claim rule of fsmc.facts."""
+    return facts.lease_change(JOB, source_state, target).value
 
 
 def worker(dsn: str, schema: str, method: str, index: int, seconds: float,
@@ -256,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.rounds} rounds of {args.seconds:g} s per (method, connections);"
           f" each transition its own transaction\n")  # fmt: skip
 
-    setup(args.dsn, schema, job_machine())
+    setup(args.dsn, schema, JOB)
     tps: dict[tuple[str, int], list[float]] = {(m, c): [] for m in METHODS for c in CONNECTIONS}
     cpu: dict[tuple[str, int], list[float]] = {(m, c): [] for m in METHODS for c in CONNECTIONS}
     try:

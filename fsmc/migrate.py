@@ -6,16 +6,22 @@ empty string when both specs build the same schema (the same machine digest:
 formatting, descriptions and order change nothing a database holds). It raises
 `Unsupported` for a pair it will not script (below); the CLI makes that exit 2.
 
-How the script is made: OLD's and NEW's `.sql` files are cut into statements
-(`fsmc.sqlparts`) and compared object by object, so the migration always builds
-what the SQL target builds, whatever the target's template says. First the names:
-`mid` is OLD's machine under NEW's `postgres` names; OLD's file and mid's file
-differ only in names, and each name that differs is renamed. Then mid is compared
-with NEW: columns added or dropped, defaults, CHECK constraints, storage
-parameters, indexes. Every function is replaced (CREATE OR REPLACE keeps its
-grants and owner) and every trigger dropped and created again (a constraint
-trigger cannot be replaced), not only those whose text changed: the result is
-then NEW's, whichever fsmc version built the database's functions.
+How the script is made: from models, never from SQL text. `fsmc.targets.sql.schema`
+builds the `fsmc.targets.pgschema.Schema` of OLD and of NEW, the same model `build`
+renders, so the migration always builds what the SQL target builds. First the
+names: `mid` is OLD's machine under NEW's `postgres` names; `Names` of OLD and of
+mid are compared field by field, and each name that differs is renamed (as a
+table, constraint or index, whichever OLD's schema has under it). Then `plan`
+compares mid's schema with NEW's: columns added or dropped, defaults, CHECK
+constraints, storage parameters, indexes, views, functions, triggers. Every
+function is replaced (CREATE OR REPLACE keeps its grants and owner; one whose
+result type or parameter names change is dropped first; one whose argument types
+change is another function: NEW's is created, OLD's dropped with the other objects
+NEW lacks) and every view replaced, every trigger dropped and
+created again (a constraint trigger cannot be replaced), not only those whose
+text changed: the result is then NEW's, whichever fsmc version built the
+database's functions. The data rules (the digest guard, states with rows, the
+claim columns, history) come from the machines, through `fsmc.facts`.
 
 What the script does, in one transaction (BEGIN ... COMMIT; `psql -v
 ON_ERROR_STOP=1 -f FILE`, as the schema's owner, search_path set to the schema as
@@ -38,14 +44,14 @@ for the build):
    derived from them), new columns, defaults, storage parameters, new or changed
    indexes, and the claim columns of rows whose state gains or loses its lease.
 4. CHECK constraints whose definition changed are dropped and added again `NOT
-   VALID`; functions replaced; triggers recreated.
+   VALID`; views and functions replaced; triggers recreated.
 5. Validation: a CHECK on the machine's table is validated (every row is in a
    state NEW declares: step 2 made sure). The event log's triple CHECK is validated
    only where its history allows: when old events record transitions NEW no longer
    has, validation fails, the CHECK stays `NOT VALID` (it still checks every new
    event), and a NOTICE says how many old events it spares. History is never
    rewritten: no statement of the script touches an event row.
-6. Contract: functions, triggers, indexes, constraints and columns NEW lacks are
+6. Contract: triggers, functions, views, indexes, constraints and columns NEW lacks are
    dropped (a dependent object of the user's makes that fail, changing nothing).
 7. NEW's digest is recorded last, by replacing `<machine>_fsmc_digest()`.
 
@@ -97,23 +103,21 @@ nothing.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 
-from fsmc import sqlparts
+from fsmc import facts
 from fsmc.diff import compare
 from fsmc.diff_render import rows
 from fsmc.digest import machine_digest
 from fsmc.escape import SQL_NAME_MAX, sql_ident, sql_text_array
 from fsmc.model import Machine
-from fsmc.sqlparts import Statement, Table
 from fsmc.targets import sql as sql_target
 from fsmc.targets.common import migration_header
+from fsmc.targets.pgschema import Function, Index, Schema, Table, Trigger, View, unquote
+from fsmc.targets.sql import Names, as_variables
 from fsmc.templating import render
 
 LOCK_TIMEOUT = "5s"
-
-_DEFAULT = re.compile(r" DEFAULT ('(?:[^']|'')*'|[^ ]+\(\)|-?[0-9]+)")
 
 
 class Unsupported(Exception):
@@ -128,7 +132,7 @@ def migrate(old: Machine, new: Machine, *, lock_timeout: str = LOCK_TIMEOUT) -> 
         raise Unsupported("\n".join(refused))
     if machine_digest(old) == machine_digest(new):
         return ""
-    return render("migrate.sql.j2", **context(old, new, lock_timeout))
+    return render("migrate.sql.j2", **as_variables(context(old, new, lock_timeout)))
 
 
 def refusals(old: Machine, new: Machine) -> list[str]:
@@ -147,12 +151,12 @@ def refusals(old: Machine, new: Machine) -> list[str]:
             "breaking their callers and grants); keep the id type, or migrate by hand"
         )
         return out
-    renames = Renames.of(old, new)
+    renames = Renames.of(old, new, sql_target.schema(old))
     traded = sorted(set(renames.old_names) & set(renames.new_names))
     if traded:
         out.append(
             "NEW gives names OLD used to other objects "
-            f"({', '.join(sqlparts.unquote(n) for n in traded)}): fsmc migrate does not "
+            f"({', '.join(unquote(n) for n in traded)}): fsmc migrate does not "
             "trade names between objects; rename in two releases (first to unused names)"
         )
     return out
@@ -165,7 +169,7 @@ def mid_machine(old: Machine, new: Machine) -> Machine:
 
 @dataclass(frozen=True)
 class Renames:
-    """Every name OLD's file gives that mid's gives otherwise (as SQL spells them)."""
+    """Every name OLD's schema gives that mid's gives otherwise (as SQL spells them)."""
 
     tables: tuple[tuple[str, str], ...]  # (old, new)
     constraints: tuple[tuple[str, str, str], ...]  # (table as renamed, old, new)
@@ -188,32 +192,41 @@ class Renames:
         return bool(self.tables or self.constraints or self.indexes or self.sequences)
 
     @staticmethod
-    def of(old: Machine, new: Machine) -> Renames:
-        before = sqlparts.statements(sql_target.emit(old))
-        after = sqlparts.statements(sql_target.emit(mid_machine(old, new)))
-        tables: list[tuple[str, str]] = []
-        constraints: list[tuple[str, str, str]] = []
-        indexes: list[tuple[str, str]] = []
-        sequences: list[tuple[str, str, str]] = []
-        for b, a in zip(before, after, strict=True):
-            assert b.kind == a.kind, (b.text[:80], a.text[:80])
-            if b.kind == "index" and b.name != a.name:
-                indexes.append((b.name, a.name))
-            elif b.kind == "table":
-                tb, ta = sqlparts.table(b), sqlparts.table(a)
-                if tb.name != ta.name:
-                    tables.append((tb.name, ta.name))
-                    for column, definition in ta.columns:
-                        if "AS IDENTITY" in definition:
-                            name = identity_sequence(sqlparts.unquote(ta.name), column)
-                            sequences.append((ta.name, column, name))
-                for (cb, _), (ca, _) in zip(tb.constraints, ta.constraints, strict=True):
-                    if cb != ca:
-                        constraints.append((ta.name, cb, ca))
-                assert [c for c, _ in tb.columns] == [c for c, _ in ta.columns]
+    def of(old: Machine, new: Machine, old_schema: Schema) -> Renames:
+        """`Names` of OLD and of mid, field by field; what each differing name is
+        (a table, a constraint, an index) OLD's schema says."""
+        before, after = Names.of(old), Names.of(mid_machine(old, new))
+        tables = {t.name: t for t in old_schema.tables}
+        constraint_of = {c.name: t.name for t in old_schema.tables for c in t.constraints}
+        indexes = {i.name for i in old_schema.indexes}
+        others = {f.name for f in old_schema.functions} | {g.name for g in old_schema.triggers}
+        others |= {c.name for t in old_schema.tables for c in t.columns}
+        changed = [
+            (getattr(before, f.name), getattr(after, f.name))
+            for f in dataclasses.fields(Names)
+            if getattr(before, f.name) != getattr(after, f.name)
+        ]
+        renamed_table = {was: now for was, now in changed if was in tables}
+        out_constraints: list[tuple[str, str, str]] = []
+        out_indexes: list[tuple[str, str]] = []
+        for was, now in changed:
+            if was in constraint_of:
+                table = constraint_of[was]
+                out_constraints.append((renamed_table.get(table, table), was, now))
+            elif was in indexes:
+                out_indexes.append((was, now))
             else:
-                assert b.name == a.name, (b.name, a.name)  # named after the machine
-        return Renames(tuple(tables), tuple(constraints), tuple(indexes), tuple(sequences))
+                # Named after the machine (which does not change), or not built by OLD.
+                assert was in tables or was not in others, f"fsmc migrate cannot rename {was}"
+        sequences = [
+            (now, c.name, identity_sequence(unquote(now), unquote(c.name)))
+            for was, now in renamed_table.items()
+            for c in tables[was].columns
+            if c.identity
+        ]
+        return Renames(
+            tuple(renamed_table.items()), tuple(out_constraints), tuple(out_indexes), tuple(sequences)
+        )
 
 
 def identity_sequence(table: str, column: str) -> str:
@@ -230,19 +243,18 @@ def identity_sequence(table: str, column: str) -> str:
     return f"{table[:t]}_{column[:c]}_{label}"
 
 
+# --- the difference of two schemas -----------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Check:
     """A CHECK constraint NEW defines differently from the database (or anew)."""
 
-    table: str
     name: str
     definition: str
+    expression: str
     existed: bool
-    history: bool  # on the event log: may stay NOT VALID over old events
-
-    @property
-    def expression(self) -> str:
-        return sqlparts.check_expression(self.definition)
+    history: bool  # on a history table: may stay NOT VALID over old rows
 
 
 @dataclass(frozen=True)
@@ -258,121 +270,153 @@ class TableChanges:
     drop_columns: tuple[str, ...]
 
 
-def table_changes(mid: Table, new: Table, *, history: bool) -> TableChanges:
+def table_changes(mid: Table, new: Table) -> TableChanges:
     assert mid.name == new.name, (mid.name, new.name)
-    mid_columns, new_columns = dict(mid.columns), dict(new.columns)
     defaults: list[tuple[str, str | None]] = []
-    for column, definition in new.columns:
-        was = mid_columns.get(column)
-        if was is None or was == definition:
+    for column in new.columns:
+        was = mid.column(column.name)
+        if was is None or was == column:
             continue
-        old_default, new_default = _default(was), _default(definition)
-        if _DEFAULT.sub("", was) != _DEFAULT.sub("", definition) or old_default == new_default:
-            raise AssertionError(f"fsmc migrate cannot change column {was!r} to {definition!r}")
-        defaults.append((column, new_default))
-    mid_constraints, new_constraints = dict(mid.constraints), dict(new.constraints)
+        if dataclasses.replace(was, default=column.default) != column:
+            raise AssertionError(f"fsmc migrate cannot change column {was} to {column}")
+        defaults.append((column.name, column.default))
+    mid_constraints = {c.name: c for c in mid.constraints}
+    new_names = {c.name for c in new.constraints}
     checks: list[Check] = []
     add_constraints: list[tuple[str, str]] = []
-    for name, definition in new.constraints:
-        was = mid_constraints.get(name)
-        if was == definition:
+    for c in new.constraints:
+        had = mid_constraints.get(c.name)
+        if had == c:
             continue
-        if definition.startswith("CHECK ("):
-            checks.append(Check(new.name, name, definition, was is not None, history))
+        if c.check is not None:
+            checks.append(Check(c.name, c.definition, c.check, had is not None, new.history))
         else:
-            assert was is None, f"fsmc migrate cannot change constraint {name}: {was!r}"
-            add_constraints.append((name, definition))
+            assert had is None, f"fsmc migrate cannot change constraint {c.name}: {had}"
+            add_constraints.append((c.name, c.definition))
     mid_options, new_options = dict(mid.options), dict(new.options)
     return TableChanges(
         name=new.name,
-        add_columns=tuple(d for c, d in new.columns if c not in mid_columns),
+        add_columns=tuple(c.definition for c in new.columns if mid.column(c.name) is None),
         defaults=tuple(defaults),
         set_options=tuple((k, v) for k, v in new.options if mid_options.get(k) != v),
         reset_options=tuple(k for k, _ in mid.options if k not in new_options),
         checks=tuple(checks),
         add_constraints=tuple(add_constraints),
-        drop_constraints=tuple(c for c, _ in mid.constraints if c not in new_constraints),
-        drop_columns=tuple(c for c, _ in mid.columns if c not in new_columns),
+        drop_constraints=tuple(c.name for c in mid.constraints if c.name not in new_names),
+        drop_columns=tuple(c.name for c in mid.columns if new.column(c.name) is None),
     )
 
 
-def _default(definition: str) -> str | None:
-    found = _DEFAULT.search(definition)
-    return None if found is None else found.group(1)
+@dataclass(frozen=True)
+class Plan:
+    """What turns a database holding `mid` into one holding `new` (both `Schema`s,
+    under the same names): the difference, object by object."""
+
+    tables: list[TableChanges]
+    drop_indexes_first: list[str]  # an index NEW defines otherwise: dropped, built again
+    create_indexes: list[str]  # CREATE INDEX statements
+    drop_views_first: list[str]  # a view NEW defines otherwise (its columns may change)
+    views: list[str]  # CREATE OR REPLACE VIEW, for every view of NEW
+    drop_functions_first: list[str]  # signatures CREATE OR REPLACE cannot turn into NEW's
+    functions: list[str]  # CREATE OR REPLACE FUNCTION, for every function of NEW
+    triggers: list[tuple[str, str, str, bool]]  # (name, table, CREATE TRIGGER, existed)
+    drop_triggers: list[tuple[str, str]]  # (name, table)
+    drop_functions: list[str]  # signatures
+    drop_views: list[str]
+    drop_indexes: list[str]
 
 
-def _by_kind(parts: list[Statement], kind: str) -> dict[str, Statement]:
-    return {s.name: s for s in parts if s.kind == kind}
+def plan(mid: Schema, new: Schema) -> Plan:
+    """Every object of `new` that `mid` lacks or defines otherwise, and every object of
+    `mid` that `new` lacks (tables are the same ones: spec changes never add or drop one)."""
+    assert [t.name for t in mid.tables] == [t.name for t in new.tables]
+    mid_indexes: dict[str, Index] = {i.name: i for i in mid.indexes}
+    new_indexes: dict[str, Index] = {i.name: i for i in new.indexes}
+    mid_views: dict[str, View] = {v.name: v for v in mid.views}
+    new_views: dict[str, View] = {v.name: v for v in new.views}
+    mid_functions: dict[str, Function] = {f.key: f for f in mid.functions}
+    new_functions: dict[str, Function] = {f.key: f for f in new.functions}
+    mid_triggers: dict[tuple[str, str], Trigger] = {g.key: g for g in mid.triggers}
+    new_triggers: dict[tuple[str, str], Trigger] = {g.key: g for g in new.triggers}
+    return Plan(
+        tables=[table_changes(m, n) for m, n in zip(mid.tables, new.tables, strict=True)],
+        drop_indexes_first=[i for i, x in mid_indexes.items() if new_indexes.get(i, x) != x],
+        create_indexes=[x.create() for i, x in new_indexes.items() if mid_indexes.get(i) != x],
+        drop_views_first=[v for v, x in mid_views.items() if new_views.get(v, x) != x],
+        views=[x.create(or_replace=True) for x in new_views.values()],
+        drop_functions_first=[
+            k for k, f in mid_functions.items() if k in new_functions and not f.replaceable_by(new_functions[k])
+        ],
+        functions=[f.create(or_replace=True) for f in new_functions.values()],
+        triggers=[(g.name, g.table, g.create(), k in mid_triggers) for k, g in new_triggers.items()],
+        drop_triggers=[(g.name, g.table) for k, g in mid_triggers.items() if k not in new_triggers],
+        drop_functions=[k for k in mid_functions if k not in new_functions],
+        drop_views=[v for v in mid_views if v not in new_views],
+        drop_indexes=[i for i in mid_indexes if i not in new_indexes],
+    )
 
 
-def context(old: Machine, new: Machine, lock_timeout: str) -> dict[str, object]:
-    mid = mid_machine(old, new)
-    names_old, names = sql_target.Names.of(old), sql_target.Names.of(new)
-    renames = Renames.of(old, new)
-    before = sqlparts.statements(sql_target.emit(mid))
-    after = sqlparts.statements(sql_target.emit(new))
+# --- the script's context --------------------------------------------------------------
 
-    tables = [
-        table_changes(
-            sqlparts.table(m), sqlparts.table(n), history=n.name == names.events_table
-        )
-        for m, n in zip(
-            [s for s in before if s.kind == "table"],
-            [s for s in after if s.kind == "table"],
-            strict=True,
-        )
-    ]
-    mid_indexes, new_indexes = _by_kind(before, "index"), _by_kind(after, "index")
-    mid_functions, new_functions = _by_kind(before, "function"), _by_kind(after, "function")
-    mid_triggers, new_triggers = _by_kind(before, "trigger"), _by_kind(after, "trigger")
-    digest = new_functions.pop(names.digest)
 
-    held_before = {str(s) for s in old.lease.states} if old.lease else set()
-    held_after = {str(s) for s in new.lease.states} if new.lease else set()
-    kept = [s for s in old.state_names if s in new.state_names]
-    lease_start = [s for s in kept if s in held_after and s not in held_before]
-    lease_end = [s for s in kept if s in held_before and s not in held_after] if new.lease else []
+@dataclass(frozen=True)
+class MigrateContext:
+    """What templates/migrate.sql.j2 fills in."""
 
-    removed_states = [s for s in old.state_names if s not in new.state_names]
+    machine: str
+    header: str
+    old_digest: str
+    new_digest: str
+    changes: list[str]  # fsmc diff's rows, as the script's header lists them
+    lock_timeout: str
+    old: Names
+    n: Names
+    digest_signature: str
+    digest_query: str
+    removed_states: str | None  # a text[] literal
+    renames: Renames
+    lease_start: str | None  # a text[] literal
+    lease_end: str | None  # a text[] literal
+    plan: Plan
+    digest_function: str  # NEW's digest function, replaced last
+    pin: str
+
+
+def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
+    names = Names.of(new)
+    old_schema, new_schema = sql_target.schema(old), sql_target.schema(new)
+    # The digest function is replaced last: it records that the migration is done.
+    digest = next(f for f in new_schema.functions if f.name == names.digest)
+    changes_to = dataclasses.replace(
+        new_schema, functions=tuple(f for f in new_schema.functions if f is not digest)
+    )
+    mid_schema = sql_target.schema(mid_machine(old, new))
+    changes_from = dataclasses.replace(
+        mid_schema, functions=tuple(f for f in mid_schema.functions if f.name != names.digest)
+    )
+    lease_start, lease_end = facts.lease_starts_and_ends(old, new)
+    removed_states = facts.removed_states(old, new)
     changes = []
     for r in rows(compare(old, new)):
         line = f"{r.mark} {r.kind} {r.subject}" + (f" ({r.note})" if r.note else "")
         changes.append(line + ("  BREAKING" if r.breaking else ""))
-
-    return {
-        "machine": str(new.name),
-        "header": migration_header(old, new),
-        "old_digest": machine_digest(old),
-        "new_digest": machine_digest(new),
-        "changes": changes,
-        "lock_timeout": lock_timeout,
-        "old": names_old,
-        "n": names,
-        "digest_signature": f"{names.digest}()",
-        "digest_query": f"SELECT {names.digest}()",
-        "removed_states": sql_text_array(removed_states) if removed_states else None,
-        "renames": renames,
-        "tables": tables,
-        # An index NEW defines otherwise is dropped and built again (a predicate cannot change).
-        "drop_indexes_first": [i for i, s in mid_indexes.items() if new_indexes.get(i, s) != s],
-        "create_indexes": [s.text for i, s in new_indexes.items() if mid_indexes.get(i) != s],
-        "lease_start": sql_text_array(lease_start) if lease_start else None,
-        "lease_end": sql_text_array(lease_end) if lease_end else None,
-        "functions": [_or_replace(s.text) for s in new_functions.values()],
-        "triggers": [
-            (s.name, s.trigger_table, s.text, s.name in mid_triggers) for s in new_triggers.values()
-        ],
-        "drop_functions": [f for f in mid_functions if f not in new_functions and f != names.digest],
-        "drop_triggers": [
-            (t, s.trigger_table) for t, s in mid_triggers.items() if t not in new_triggers
-        ],
-        "drop_indexes": [i for i in mid_indexes if i not in new_indexes],
-        "digest_function": _or_replace(digest.text),
+    return MigrateContext(
+        machine=str(new.name),
+        header=migration_header(old, new),
+        old_digest=machine_digest(old),
+        new_digest=machine_digest(new),
+        changes=changes,
+        lock_timeout=lock_timeout,
+        old=Names.of(old),
+        n=names,
+        digest_signature=f"{names.digest}()",
+        digest_query=f"SELECT {names.digest}()",
+        removed_states=sql_text_array(removed_states) if removed_states else None,
+        renames=Renames.of(old, new, old_schema),
+        lease_start=sql_text_array(lease_start) if lease_start else None,
+        lease_end=sql_text_array(lease_end) if lease_end else None,
+        plan=plan(changes_from, changes_to),
+        digest_function=digest.create(or_replace=True),
         # CREATE OR REPLACE drops a function's settings: pin every function again.
-        "pin": sql_target.pin_search_path(sql_target.function_names(new)),
-    }
-
-
-def _or_replace(text: str) -> str:
-    assert text.startswith("CREATE FUNCTION "), text[:80]
-    return "CREATE OR REPLACE FUNCTION " + text.removeprefix("CREATE FUNCTION ")
+        pin=sql_target.pin_search_path(new_schema.function_names()),
+    )

@@ -217,22 +217,22 @@ class Scratch:
 
 def path_to(machine: Machine, target: str) -> list[str]:
     """The events of a shortest walk from the initial state to `target`."""
-    return walk(machine, str(machine.initial), {target})
+    return shortest_walk(machine, str(machine.initial), {target})
 
 
-def walk(machine: Machine, start: str, keep: set[str]) -> list[str]:
-    """The events of a shortest walk from `start` to a state in `keep`."""
+def shortest_walk(machine: Machine, start: str, into: set[str]) -> list[str]:
+    """The events of a shortest walk from `start` to a state in `into`."""
     seen: dict[str, list[str]] = {start: []}
     queue = deque([start])
     while queue:
         here = queue.popleft()
-        if here in keep:
+        if here in into:
             return seen[here]
         for (state, event), to in machine.table.items():
             if state == here and to not in seen:
                 seen[to] = seen[here] + [event]
                 queue.append(to)
-    raise AssertionError(f"no walk from {start} into {sorted(keep)}")
+    raise AssertionError(f"no walk from {start} into {sorted(into)}")
 
 
 def walk_of_length(machine: Machine, length: int, end_in: set[str]) -> list[str]:

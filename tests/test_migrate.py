@@ -22,6 +22,7 @@ FSMC_PG_DSN (see tests/conftest.py).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import re
 import shutil
@@ -39,13 +40,14 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from fsmc import migrate as migrate_module
-from fsmc import sqlparts
 from fsmc.digest import machine_digest
-from fsmc.migrate import LOCK_TIMEOUT, Unsupported, identity_sequence, migrate
+from fsmc.migrate import LOCK_TIMEOUT, Renames, Unsupported, identity_sequence, migrate, plan
 from fsmc.model import Machine
+from fsmc.targets import sql as sql_target
+from fsmc.targets.pgschema import Column, Parameter, Schema, View, unquote
 from fsmc.targets.sql import Names
 from tests import test_postgres as tp
-from tests.pg_scratch import Scratch, machine_from_text, states_reachable, walk
+from tests.pg_scratch import Scratch, machine_from_text, shortest_walk, states_reachable
 
 CASES = Path(__file__).resolve().parent / "migrate_cases"
 
@@ -111,6 +113,14 @@ def refused(db: Scratch, script: str, **kwargs: Any) -> str:
     return ran.stderr
 
 
+def refused_changing_nothing(db: Scratch, machine: Machine, script: str, **kwargs: Any) -> str:
+    """The error of a refused `script`, after which catalog and data are as they were."""
+    before = snapshot(db, machine)
+    error = refused(db, script, **kwargs)
+    assert snapshot(db, machine) == before
+    return error
+
+
 # --- filling a database ---------------------------------------------------------------
 
 
@@ -131,7 +141,7 @@ def fill(db: Scratch, *, keep: set[str] | None = None) -> None:
         if keep is None:
             return
         for row_id, state, version in conn.execute(db.q("SELECT id, state, state_version FROM {table}")).fetchall():
-            for event in walk(m, state, keep):
+            for event in shortest_walk(m, state, keep):
                 version = db.apply(conn, row_id, event, version, actor="history")
         conn.commit()
 
@@ -480,10 +490,8 @@ def test_the_refusal_names_each_removed_state_with_its_count(pg_dsn: str) -> Non
             db.row_at(conn, "failed")
             db.row_at(conn, "paused")
             db.row_at(conn, "paused")
-        before = snapshot(db, old)
-        error = refused(db, migrate(old, new))
+        error = refused_changing_nothing(db, old, migrate(old, new))
         assert 'still in: state "paused" (2 rows), state "failed" (1 row); nothing was changed' in error
-        assert snapshot(db, old) == before
 
 
 def catalog_of(dsn: str, machine: Machine) -> Catalog:
@@ -495,11 +503,9 @@ def test_a_database_built_from_another_machine_is_refused(pg_dsn: str) -> None:
     other = machine_from_text((CASES / "added_state" / "old.yaml").read_text().replace("machine: job", "machine: jab")
                               .replace("table: jobs", "table: jabs").replace("events_table: job_events", "events_table: jab_events"))  # fmt: skip
     with built(pg_dsn, other) as db:
-        before = snapshot(db, other)
-        error = refused(db, migrate(spec("added_state"), spec("added_state", "new")))
+        error = refused_changing_nothing(db, other, migrate(spec("added_state"), spec("added_state", "new")))
         assert 'no job_fsmc_digest() on the search_path' in error and 'machine "job"' in error, error
         assert "nothing was changed" in error
-        assert snapshot(db, other) == before
 
 
 def test_refusals_are_sqlstate_55000_through_psycopg_too(pg_dsn: str) -> None:
@@ -521,12 +527,10 @@ def test_a_database_built_from_another_version_of_the_spec_is_refused(pg_dsn: st
     old, new = spec("added_state"), spec("added_state", "new")
     with built(pg_dsn, built_from) as db:
         fill(db)
-        before = snapshot(db, built_from)
-        error = refused(db, migrate(old, new))
+        error = refused_changing_nothing(db, built_from, migrate(old, new))
         assert f"built from machine digest {machine_digest(built_from)}, not from the old spec's" \
                f" ({machine_digest(old)}); nothing was changed" in error  # fmt: skip
         assert "generate the migration from the spec this database was built from" in error
-        assert snapshot(db, built_from) == before
 
 
 def test_running_a_migration_twice_refuses_the_second_time(pg_dsn: str) -> None:
@@ -534,19 +538,15 @@ def test_running_a_migration_twice_refuses_the_second_time(pg_dsn: str) -> None:
     with built(pg_dsn, old) as db:
         fill(db)
         migrate_ok(db, migrate(old, new))
-        before = snapshot(db, new)
-        error = refused(db, migrate(old, new))
+        error = refused_changing_nothing(db, new, migrate(old, new))
         assert "already at the new spec: there is nothing to migrate" in error
-        assert snapshot(db, new) == before
 
 
 def test_a_search_path_that_would_create_objects_elsewhere_is_refused(pg_dsn: str) -> None:
     old, new = spec("lease_added"), spec("lease_added", "new")
     with built(pg_dsn, old) as db:
-        before = snapshot(db, old)
-        error = refused(db, migrate(old, new), search_path=f"public,{db.schema}")
+        error = refused_changing_nothing(db, old, migrate(old, new), search_path=f"public,{db.schema}")
         assert f"machine is in schema {db.schema}, but new objects would be created in public" in error
-        assert snapshot(db, old) == before
 
 
 def test_a_lock_not_granted_in_time_changes_nothing(pg_dsn: str) -> None:
@@ -615,10 +615,8 @@ def test_renaming_a_state_in_two_releases_keeps_the_log_replayable(pg_dsn: str) 
         # Release 2 cannot ship while rows are still in paused...
         paused = [r for r, (state, *_rest) in at_v1.rows.items() if state == "paused"]
         assert paused
-        before = snapshot(db, v2)
-        error = refused(db, migrate(v2, v3))
+        error = refused_changing_nothing(db, v2, migrate(v2, v3))
         assert f'state "paused" ({len(paused)} rows)' in error
-        assert snapshot(db, v2) == before
         # ... so the sweep of the docstring moves them, each with its own event row.
         with psycopg.connect(db.dsn, user=db.role, options=f"-c search_path={db.schema}") as conn:
             moved = conn.execute("SELECT job_apply(id, 'rename_paused', state_version, 'release 1.5')"
@@ -650,6 +648,191 @@ def test_a_state_cannot_be_renamed_in_place(pg_dsn: str) -> None:
         assert tp.sqlstate_of(error) == "23F04"
         error = tp.refused(conn, db.q("UPDATE {events} SET to_state = 'on_hold'"))
         assert tp.sqlstate_of(error) == "23F06"
+
+
+# --- the plan against the catalog: the models of OLD and NEW ---------------------------------
+
+# The objects of one schema as the catalog describes them, by name, with definitions
+# as PostgreSQL prints them. Read with search_path set to the schema, so names in
+# definitions (a foreign key's table) are unqualified; a trigger's table, which
+# pg_get_triggerdef always qualifies, is unqualified by hand.
+MODEL_CATALOG = {
+    "tables": """
+        SELECT c.relname, coalesce(c.reloptions, '{}') FROM pg_catalog.pg_class c
+        WHERE c.relnamespace = %(ns)s AND c.relkind = 'r'""",
+    "columns": """
+        SELECT c.relname, a.attnum, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod),
+               a.attnotnull, pg_catalog.pg_get_expr(d.adbin, d.adrelid), a.attidentity
+        FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+        LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE c.relnamespace = %(ns)s AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped""",
+    "constraints": """
+        SELECT c.relname, k.conname, pg_catalog.pg_get_constraintdef(k.oid)
+        FROM pg_catalog.pg_constraint k JOIN pg_catalog.pg_class c ON c.oid = k.conrelid
+        WHERE c.relnamespace = %(ns)s""",
+    "indexes": """
+        SELECT t.relname, c.relname, pg_catalog.pg_get_expr(i.indpred, i.indrelid),
+               (SELECT pg_catalog.array_agg(a.attname ORDER BY k.n) FROM pg_catalog.unnest(i.indkey)
+                WITH ORDINALITY AS k(attnum, n) JOIN pg_catalog.pg_attribute a
+                ON a.attrelid = i.indrelid AND a.attnum = k.attnum)
+        FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+        JOIN pg_catalog.pg_class t ON t.oid = i.indrelid
+        WHERE c.relnamespace = %(ns)s
+          AND NOT EXISTS (SELECT FROM pg_catalog.pg_constraint k WHERE k.conindid = i.indexrelid)""",
+    "triggers": """
+        SELECT c.relname, t.tgname, p.proname, t.tgtype, t.tgdeferrable, t.tginitdeferred,
+               pg_catalog.regexp_replace(pg_catalog.pg_get_triggerdef(t.oid), ' ON [^ .]+[.]', ' ON ')
+        FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+        JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+        WHERE c.relnamespace = %(ns)s AND NOT t.tgisinternal""",
+}
+
+
+def objects_in(conn: psycopg.Connection[Any], namespace: int) -> dict[str, set[tuple[Any, ...]]]:
+    def row(values: Any) -> tuple[Any, ...]:
+        return tuple(tuple(v) if isinstance(v, list) else v for v in values)
+
+    return {kind: {row(r) for r in conn.execute(query.encode(), {"ns": namespace}).fetchall()}
+            for kind, query in MODEL_CATALOG.items()}  # fmt: skip
+
+
+def functions_in(conn: psycopg.Connection[Any], schema: str) -> set[tuple[Any, ...]]:
+    rows = conn.execute("""
+        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid),
+               pg_catalog.pg_get_function_result(p.oid), l.lanname, p.prosrc,
+               p.proconfig, p.provolatile, p.proparallel
+        FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+        WHERE p.pronamespace = %s::regnamespace""", (schema,)).fetchall()  # fmt: skip
+    out = set()
+    for name, args, result, language, source, config, volatility, parallel in rows:
+        if language == "sql":  # a SQL-standard body: what it returns
+            source = conn.execute(f"SELECT {schema}.{name}()".encode()).fetchone()[0]  # type: ignore[index]
+        out.add((name, args, result, language, source, tuple(sorted(config or ())), volatility, parallel))
+    return out
+
+
+def model_functions(conn: psycopg.Connection[Any], model: Schema, schema: str) -> set[tuple[Any, ...]]:
+    """The model's functions as `functions_in` reads them (types normalised by PostgreSQL,
+    the search_path pin that the file's last block adds included)."""
+
+    def type_name(sql_type: str) -> str:
+        setof = sql_type.startswith("SETOF ")
+        row = conn.execute("SELECT %s::regtype::text", (sql_type.removeprefix("SETOF "),)).fetchone()
+        assert row is not None
+        return ("SETOF " if setof else "") + str(row[0])
+
+    out = set()
+    for f in model.functions:
+        args = ", ".join(f"{unquote(p.name)} {type_name(p.type)}" for p in f.parameters)
+        source = f.source
+        if f.language == "sql":
+            source = str(conn.execute(f"SELECT {f.body}".encode()).fetchone()[0])  # type: ignore[index]
+        config = [f"{k}={v}" for k, v in f.settings] + [f"search_path=pg_catalog, {schema}, pg_temp"]
+        out.add((unquote(f.name), args, type_name(f.returns), f.language, source, tuple(sorted(config)),
+                 "i" if "IMMUTABLE" in f.attributes else "v", "s" if "PARALLEL SAFE" in f.attributes else "u"))  # fmt: skip
+    return out
+
+
+def model_objects(db: Scratch, model: Schema) -> dict[str, set[tuple[Any, ...]]]:
+    """The model's tables, indexes and triggers created from the model itself (not from
+    the file) as temporary objects in a transaction that is rolled back, and read back
+    from the catalog: PostgreSQL prints both sides' definitions alike. The temporary
+    tables take the model's names, and pg_temp comes first on the search_path, so the
+    model's own references (a foreign key, a trigger's table) resolve to them."""
+    with db.connect() as conn:
+        for t in model.tables:
+            conn.execute(t.create().replace("CREATE TABLE ", "CREATE TEMP TABLE ", 1).encode())
+        for statement in [i.create() for i in model.indexes] + [g.create() for g in model.triggers]:
+            conn.execute(statement.encode())
+        row = conn.execute("SELECT pg_catalog.pg_my_temp_schema()::oid").fetchone()
+        assert row is not None
+        objects = objects_in(conn, row[0])
+        objects["functions"] = model_functions(conn, model, db.schema)
+        conn.rollback()
+    return objects
+
+
+def database_objects(db: Scratch) -> dict[str, set[tuple[Any, ...]]]:
+    with db.connect() as conn:
+        row = conn.execute("SELECT %s::regnamespace::oid", (db.schema,)).fetchone()
+        assert row is not None
+        objects = objects_in(conn, row[0])
+        objects["functions"] = functions_in(conn, db.schema)
+    return objects
+
+
+def assert_holds(db: Scratch, model: Schema) -> None:
+    """The catalog holds `model`'s objects; a CHECK may be NOT VALID only where the model
+    says old rows may break it (a history table's)."""
+    got, want = database_objects(db), model_objects(db, model)
+    not_valid = {(t, c) for t, c, d in got["constraints"] if d.endswith(" NOT VALID")}
+    history = {(unquote(t.name), unquote(c.name)) for t in model.tables if t.history
+               for c in t.constraints if c.check is not None}  # fmt: skip
+    assert not_valid <= history, not_valid
+    got["constraints"] = {(t, c, d.removesuffix(" NOT VALID")) for t, c, d in got["constraints"]}
+    for kind in want:
+        assert got[kind] == want[kind], (kind, got[kind] ^ want[kind])
+
+
+@pytest.mark.parametrize("case", MIGRATING)
+def test_the_catalog_holds_the_model_of_old_then_after_the_script_the_model_of_new(
+    pg_dsn: str, case: str
+) -> None:
+    old, new = spec(case, "old"), spec(case, "new")
+    old_model, new_model = sql_target.schema(old), sql_target.schema(new)
+    with built(pg_dsn, old) as db:
+        assert_holds(db, old_model)
+        assert database_objects(db) != model_objects(db, new_model)  # the comparison can tell
+        fill(db, keep=set(new.state_names))
+        migrate_ok(db, migrate(old, new))
+        assert_holds(db, new_model)
+        # What the plan renamed is gone under its old name and there under its new one.
+        renames = Renames.of(old, new, old_model)
+        names = {r[1] for rows in database_objects(db).values() for r in rows if len(r) > 1}
+        names |= {r[0] for r in database_objects(db)["tables"]}
+        assert not {unquote(n) for n in renames.old_names} & names
+        assert {unquote(n) for n in renames.new_names if not n.endswith('_seq"')} <= names | {
+            unquote(s) for _, _, s in renames.sequences}  # fmt: skip
+
+
+def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> None:
+    # What no migration case has yet, built on a real model: a view added, changed
+    # and dropped, a parameter added to a function, a result type changed, a
+    # column with a default, a default changed, a function removed.
+    mid = sql_target.schema(spec("added_state", "old"))
+    n = Names.of(spec("added_state", "old"))
+    apply = next(f for f in mid.functions if f.name == n.apply)
+    digest = next(f for f in mid.functions if f.name == n.digest)
+    jobs = mid.tables[0]
+    view = View("job_intervals", "SELECT id FROM jobs")
+    mid = dataclasses.replace(mid, views=(view, View("job_old_view", "SELECT 1 AS one")))
+    new_apply = dataclasses.replace(apply, parameters=(*apply.parameters, Parameter("to_state", "text", "NULL")))
+    new_digest = dataclasses.replace(digest, returns="varchar")
+    new_jobs = dataclasses.replace(jobs, columns=(
+        *(dataclasses.replace(c, default="'claimed'") if c.name == "state" else c for c in jobs.columns),
+        Column("entered_at", "timestamptz", not_null=True, default="pg_catalog.now()")))  # fmt: skip
+    new = dataclasses.replace(
+        mid,
+        tables=(new_jobs, mid.tables[1]),
+        views=(dataclasses.replace(view, query="SELECT id, state FROM jobs"),),
+        functions=tuple(new_apply if f is apply else new_digest if f is digest else f
+                        for f in mid.functions if f.name != n.guard_insert),  # fmt: skip
+    )
+    p = plan(mid, new)
+    assert p.tables[0].add_columns == ("entered_at timestamptz NOT NULL DEFAULT pg_catalog.now()",)
+    assert p.tables[0].defaults == (("state", "'claimed'"),)
+    assert p.tables[1] == plan(mid, mid).tables[1]  # the event log: nothing
+    assert p.drop_views_first == ["job_intervals"] and p.drop_views == ["job_old_view"]
+    assert p.views == ["CREATE OR REPLACE VIEW job_intervals AS\nSELECT id, state FROM jobs;"]
+    assert p.drop_functions_first == ["job_fsmc_digest()"]  # CREATE OR REPLACE cannot change a result type
+    assert p.drop_functions == ["job_apply(uuid, text, bigint, text, jsonb)", "job_guard_insert()"]
+    assert any(f.startswith("CREATE OR REPLACE FUNCTION job_apply(") and "to_state text DEFAULT NULL" in f
+               for f in p.functions)  # fmt: skip
+    assert plan(mid, mid).drop_functions_first == plan(mid, mid).drop_functions == []
+    retyped = dataclasses.replace(mid, tables=(dataclasses.replace(jobs, columns=tuple(
+        dataclasses.replace(c, type="varchar") if c.name == "state" else c for c in jobs.columns)), mid.tables[1]))  # fmt: skip
+    with pytest.raises(AssertionError, match="cannot change column"):
+        plan(mid, retyped)
 
 
 # --- the script -----------------------------------------------------------------------------
@@ -698,38 +881,6 @@ def test_the_script_is_deterministic_and_records_both_specs() -> None:
                              " to tests/migrate_cases/added_state/new.yaml. DO NOT EDIT.\n")  # fmt: skip
     for text in (old.sha256, new.sha256, machine_digest(old), machine_digest(new), "+ state cancelled"):
         assert text in script
-
-
-def test_sqlparts_reads_statements_and_tables_around_comments_and_quotes() -> None:
-    text = """-- a header; with a 'quote
-CREATE TABLE "user" (
-    -- the log's id; a comment inside the table
-    id bigint NOT NULL, -- it's (
-    state text NOT NULL DEFAULT 'a--b, (c',
-    CONSTRAINT user_check CHECK (state = ANY ('{"a","b"}'::text[]))
-) WITH (fillfactor = 90);
-CREATE FUNCTION f() RETURNS int
-LANGUAGE plpgsql
-AS $fsmc$
-BEGIN
-    -- a comment; inside the body
-    RETURN 1;
-END
-$fsmc$;
-CREATE CONSTRAINT TRIGGER t AFTER UPDATE ON "user"
-FOR EACH ROW EXECUTE FUNCTION f();
-"""
-    parts = sqlparts.statements(text)
-    assert [(s.kind, s.name) for s in parts] == [("table", '"user"'), ("function", "f"), ("trigger", "t")]
-    assert parts[2].trigger_table == '"user"'
-    assert sqlparts.table(parts[0]) == sqlparts.Table(
-        '"user"',
-        (("id", "id bigint NOT NULL"), ("state", "state text NOT NULL DEFAULT 'a--b, (c'")),
-        (("user_check", """CHECK (state = ANY ('{"a","b"}'::text[]))"""),),
-        (("fillfactor", "90"),),
-    )
-    with pytest.raises(AssertionError, match="does not know"):
-        sqlparts.statements("GRANT ALL ON t TO u;\n")
 
 
 def test_identity_sequence_names_follow_postgresql(pg_dsn: str) -> None:

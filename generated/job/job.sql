@@ -32,7 +32,7 @@
 -- its event row that do not match, 23F06 UPDATE/DELETE/TRUNCATE on the event log.
 
 CREATE TABLE jobs (
-    id uuid DEFAULT pg_catalog.gen_random_uuid() NOT NULL,
+    id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
     state text NOT NULL DEFAULT 'queued',
     state_version bigint NOT NULL DEFAULT 0,
     claimed_by text,
@@ -57,9 +57,7 @@ CREATE TABLE job_events (
     CONSTRAINT job_events_pkey PRIMARY KEY (job_id, version),
     CONSTRAINT job_events_fkey FOREIGN KEY (job_id) REFERENCES jobs (id),
     CONSTRAINT job_events_version_check CHECK (version > 0),
-    CONSTRAINT job_events_transition_check CHECK (
-        (from_state || ' ' || event || ' ' || to_state) = ANY ('{"queued claim claimed","claimed start running","claimed reclaim queued","running reclaim queued","running finish completed","running error failed","running pause paused","paused resume running","paused abandon abandoned","failed retry queued","failed abandon abandoned"}'::text[])
-    )
+    CONSTRAINT job_events_transition_check CHECK ((from_state || ' ' || event || ' ' || to_state) = ANY ('{"queued claim claimed","claimed start running","claimed reclaim queued","running reclaim queued","running finish completed","running error failed","running pause paused","paused resume running","paused abandon abandoned","failed retry queued","failed abandon abandoned"}'::text[]))
 );
 
 -- The reclaim scan reads only rows in a lease state. Keyed on state, not heartbeat_at:
@@ -76,7 +74,7 @@ CREATE INDEX jobs_lease_idx ON jobs (state)
 -- look rows up by key also turn seq scans off: PL/pgSQL keeps a session's plan, and
 -- one made while a table was nearly empty (a fresh deployment) would scan it whole
 -- until the next ANALYZE.
-
+--
 -- The machine this schema was built from (fsmc.digest): read by `fsmc migrate`.
 CREATE FUNCTION job_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -98,8 +96,7 @@ DECLARE
     v_state text;
     v_version bigint;
     v_to text;
-    v_was_held boolean;
-    v_held boolean;
+    v_lease text;
 BEGIN
     IF job_apply.id IS NULL OR v_event IS NULL OR job_apply.expected_version IS NULL
         OR job_apply.actor IS NULL THEN
@@ -144,8 +141,8 @@ BEGIN
                 DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         END IF;
     END IF;
-    v_was_held := v_state IN ('claimed', 'running');
-    v_held := v_to IN ('claimed', 'running');
+    -- What the move does to the claim: enter, stay within, leave, or none of these.
+    v_lease := CASE WHEN v_state IN ('claimed', 'running') THEN CASE WHEN v_to IN ('claimed', 'running') THEN 'stay' ELSE 'leave' END WHEN v_to IN ('claimed', 'running') THEN 'enter' ELSE 'none' END;
     -- The move, under the version check. A concurrent mover of this row makes this
     -- wait, then re-check the WHERE on the row version it left (EvalPlanQual), whose
     -- state_version no longer matches: of two calls at one version, one moves the row.
@@ -154,9 +151,9 @@ BEGIN
         state_version = t.state_version + 1,
         -- Into the lease from outside: claimed now, by this actor; within it: a fresh
         -- heartbeat; out of it: no claim at all (contract 4.2, "With lease").
-        claimed_by = CASE WHEN v_held = v_was_held THEN t.claimed_by WHEN v_held THEN job_apply.actor END,
-        claimed_at = CASE WHEN v_held = v_was_held THEN t.claimed_at WHEN v_held THEN pg_catalog.now() END,
-        heartbeat_at = CASE WHEN v_held THEN pg_catalog.now() WHEN v_was_held THEN NULL ELSE t.heartbeat_at END
+        claimed_by = CASE v_lease WHEN 'enter' THEN job_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+        claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+        heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
     WHERE t.id = job_apply.id
       AND t.state_version = job_apply.expected_version
       AND t.state = v_state;
@@ -230,7 +227,7 @@ BEGIN
             state_version = t.state_version + 1,
             claimed_by = CASE x.lease WHEN 'enter' THEN job_reclaim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
             claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'leave' THEN NULL WHEN 'none' THEN t.heartbeat_at ELSE pg_catalog.now() END
+            heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
         FROM stale AS s
         JOIN (VALUES
             ('claimed', 'queued', 'leave'),
@@ -249,7 +246,6 @@ $fsmc$;
 -- Defense in depth: writes that bypass job_apply (a manual UPDATE during an
 -- incident) still keep to the spec. Each trigger's WHEN clause lets through, without
 -- a function call, every write the rule has nothing to say about.
-
 CREATE FUNCTION job_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
@@ -260,11 +256,6 @@ BEGIN
         HINT = 'insert without state and state_version, then move the row with job_apply';
 END
 $fsmc$;
-
-CREATE TRIGGER job_guard_insert BEFORE INSERT ON jobs
-FOR EACH ROW
-WHEN (NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0)
-EXECUTE FUNCTION job_guard_insert();
 
 -- The rules live in the function, not in the WHEN clause: PostgreSQL rebuilds a
 -- WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for
@@ -299,13 +290,6 @@ BEGIN
 END
 $fsmc$;
 
--- WHEN: a write that leaves state and state_version alone (a heartbeat) never
--- reaches the function.
-CREATE TRIGGER job_guard_update BEFORE UPDATE ON jobs
-FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
-EXECUTE FUNCTION job_guard_update();
-
 CREATE FUNCTION job_check_logged() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -324,14 +308,6 @@ BEGIN
 END
 $fsmc$;
 
--- Checked at COMMIT, so a transaction may update the row and insert its event row in
--- either order, in separate statements.
-CREATE CONSTRAINT TRIGGER job_check_logged AFTER UPDATE ON jobs
-DEFERRABLE INITIALLY DEFERRED
-FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
-EXECUTE FUNCTION job_check_logged();
-
 CREATE FUNCTION job_check_event() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -349,10 +325,6 @@ BEGIN
 END
 $fsmc$;
 
-CREATE CONSTRAINT TRIGGER job_check_event AFTER INSERT ON job_events
-DEFERRABLE INITIALLY DEFERRED
-FOR EACH ROW EXECUTE FUNCTION job_check_event();
-
 CREATE FUNCTION job_events_append_only() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
@@ -362,11 +334,38 @@ BEGIN
 END
 $fsmc$;
 
+CREATE TRIGGER job_guard_insert BEFORE INSERT ON jobs
+FOR EACH ROW
+WHEN (NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0)
+EXECUTE FUNCTION job_guard_insert();
+
+-- WHEN: a write that leaves state and state_version alone (a heartbeat) never
+-- reaches the function.
+CREATE TRIGGER job_guard_update BEFORE UPDATE ON jobs
+FOR EACH ROW
+WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+EXECUTE FUNCTION job_guard_update();
+
+-- Checked at COMMIT, so a transaction may update the row and insert its event row in
+-- either order, in separate statements.
+CREATE CONSTRAINT TRIGGER job_check_logged AFTER UPDATE ON jobs
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW
+WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+EXECUTE FUNCTION job_check_logged();
+
+CREATE CONSTRAINT TRIGGER job_check_event AFTER INSERT ON job_events
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW
+EXECUTE FUNCTION job_check_event();
+
 CREATE TRIGGER job_events_append_only BEFORE UPDATE OR DELETE ON job_events
-FOR EACH ROW EXECUTE FUNCTION job_events_append_only();
+FOR EACH ROW
+EXECUTE FUNCTION job_events_append_only();
 
 CREATE TRIGGER job_events_append_only_truncate BEFORE TRUNCATE ON job_events
-FOR EACH STATEMENT EXECUTE FUNCTION job_events_append_only();
+FOR EACH STATEMENT
+EXECUTE FUNCTION job_events_append_only();
 
 -- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
 DO $fsmc$

@@ -54,9 +54,7 @@ CREATE TABLE task_events (
     CONSTRAINT task_events_pkey PRIMARY KEY (task_id, version),
     CONSTRAINT task_events_fkey FOREIGN KEY (task_id) REFERENCES tasks (id),
     CONSTRAINT task_events_version_check CHECK (version > 0),
-    CONSTRAINT task_events_transition_check CHECK (
-        (from_state || ' ' || event || ' ' || to_state) = ANY ('{"new acquire acquired","acquired begin working","acquired expire new","working complete done","acquired fail failed","working fail failed","failed retry new","failed give_up dead"}'::text[])
-    )
+    CONSTRAINT task_events_transition_check CHECK ((from_state || ' ' || event || ' ' || to_state) = ANY ('{"new acquire acquired","acquired begin working","acquired expire new","working complete done","acquired fail failed","working fail failed","failed retry new","failed give_up dead"}'::text[]))
 );
 
 -- The reclaim scan reads only rows in a lease state. Keyed on state, not heartbeat_at:
@@ -73,7 +71,7 @@ CREATE INDEX tasks_lease_idx ON tasks (state)
 -- look rows up by key also turn seq scans off: PL/pgSQL keeps a session's plan, and
 -- one made while a table was nearly empty (a fresh deployment) would scan it whole
 -- until the next ANALYZE.
-
+--
 -- The machine this schema was built from (fsmc.digest): read by `fsmc migrate`.
 CREATE FUNCTION task_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -95,8 +93,7 @@ DECLARE
     v_state text;
     v_version bigint;
     v_to text;
-    v_was_held boolean;
-    v_held boolean;
+    v_lease text;
 BEGIN
     IF task_apply.id IS NULL OR v_event IS NULL OR task_apply.expected_version IS NULL
         OR task_apply.actor IS NULL THEN
@@ -140,8 +137,8 @@ BEGIN
                 DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         END IF;
     END IF;
-    v_was_held := v_state IN ('acquired', 'working');
-    v_held := v_to IN ('acquired', 'working');
+    -- What the move does to the claim: enter, stay within, leave, or none of these.
+    v_lease := CASE WHEN v_state IN ('acquired', 'working') THEN CASE WHEN v_to IN ('acquired', 'working') THEN 'stay' ELSE 'leave' END WHEN v_to IN ('acquired', 'working') THEN 'enter' ELSE 'none' END;
     -- The move, under the version check. A concurrent mover of this row makes this
     -- wait, then re-check the WHERE on the row version it left (EvalPlanQual), whose
     -- state_version no longer matches: of two calls at one version, one moves the row.
@@ -150,9 +147,9 @@ BEGIN
         state_version = t.state_version + 1,
         -- Into the lease from outside: claimed now, by this actor; within it: a fresh
         -- heartbeat; out of it: no claim at all (contract 4.2, "With lease").
-        claimed_by = CASE WHEN v_held = v_was_held THEN t.claimed_by WHEN v_held THEN task_apply.actor END,
-        claimed_at = CASE WHEN v_held = v_was_held THEN t.claimed_at WHEN v_held THEN pg_catalog.now() END,
-        heartbeat_at = CASE WHEN v_held THEN pg_catalog.now() WHEN v_was_held THEN NULL ELSE t.heartbeat_at END
+        claimed_by = CASE v_lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+        claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+        heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
     WHERE t.id = task_apply.id
       AND t.state_version = task_apply.expected_version
       AND t.state = v_state;
@@ -226,7 +223,7 @@ BEGIN
             state_version = t.state_version + 1,
             claimed_by = CASE x.lease WHEN 'enter' THEN task_reclaim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
             claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'leave' THEN NULL WHEN 'none' THEN t.heartbeat_at ELSE pg_catalog.now() END
+            heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
         FROM stale AS s
         JOIN (VALUES
             ('acquired', 'failed', 'leave'),
@@ -245,7 +242,6 @@ $fsmc$;
 -- Defense in depth: writes that bypass task_apply (a manual UPDATE during an
 -- incident) still keep to the spec. Each trigger's WHEN clause lets through, without
 -- a function call, every write the rule has nothing to say about.
-
 CREATE FUNCTION task_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
@@ -256,11 +252,6 @@ BEGIN
         HINT = 'insert without state and state_version, then move the row with task_apply';
 END
 $fsmc$;
-
-CREATE TRIGGER task_guard_insert BEFORE INSERT ON tasks
-FOR EACH ROW
-WHEN (NEW.state IS DISTINCT FROM 'new' OR NEW.state_version IS DISTINCT FROM 0)
-EXECUTE FUNCTION task_guard_insert();
 
 -- The rules live in the function, not in the WHEN clause: PostgreSQL rebuilds a
 -- WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for
@@ -295,13 +286,6 @@ BEGIN
 END
 $fsmc$;
 
--- WHEN: a write that leaves state and state_version alone (a heartbeat) never
--- reaches the function.
-CREATE TRIGGER task_guard_update BEFORE UPDATE ON tasks
-FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
-EXECUTE FUNCTION task_guard_update();
-
 CREATE FUNCTION task_check_logged() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -320,14 +304,6 @@ BEGIN
 END
 $fsmc$;
 
--- Checked at COMMIT, so a transaction may update the row and insert its event row in
--- either order, in separate statements.
-CREATE CONSTRAINT TRIGGER task_check_logged AFTER UPDATE ON tasks
-DEFERRABLE INITIALLY DEFERRED
-FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
-EXECUTE FUNCTION task_check_logged();
-
 CREATE FUNCTION task_check_event() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -345,10 +321,6 @@ BEGIN
 END
 $fsmc$;
 
-CREATE CONSTRAINT TRIGGER task_check_event AFTER INSERT ON task_events
-DEFERRABLE INITIALLY DEFERRED
-FOR EACH ROW EXECUTE FUNCTION task_check_event();
-
 CREATE FUNCTION task_events_append_only() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
@@ -358,11 +330,38 @@ BEGIN
 END
 $fsmc$;
 
+CREATE TRIGGER task_guard_insert BEFORE INSERT ON tasks
+FOR EACH ROW
+WHEN (NEW.state IS DISTINCT FROM 'new' OR NEW.state_version IS DISTINCT FROM 0)
+EXECUTE FUNCTION task_guard_insert();
+
+-- WHEN: a write that leaves state and state_version alone (a heartbeat) never
+-- reaches the function.
+CREATE TRIGGER task_guard_update BEFORE UPDATE ON tasks
+FOR EACH ROW
+WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+EXECUTE FUNCTION task_guard_update();
+
+-- Checked at COMMIT, so a transaction may update the row and insert its event row in
+-- either order, in separate statements.
+CREATE CONSTRAINT TRIGGER task_check_logged AFTER UPDATE ON tasks
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW
+WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+EXECUTE FUNCTION task_check_logged();
+
+CREATE CONSTRAINT TRIGGER task_check_event AFTER INSERT ON task_events
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW
+EXECUTE FUNCTION task_check_event();
+
 CREATE TRIGGER task_events_append_only BEFORE UPDATE OR DELETE ON task_events
-FOR EACH ROW EXECUTE FUNCTION task_events_append_only();
+FOR EACH ROW
+EXECUTE FUNCTION task_events_append_only();
 
 CREATE TRIGGER task_events_append_only_truncate BEFORE TRUNCATE ON task_events
-FOR EACH STATEMENT EXECUTE FUNCTION task_events_append_only();
+FOR EACH STATEMENT
+EXECUTE FUNCTION task_events_append_only();
 
 -- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
 DO $fsmc$

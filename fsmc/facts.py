@@ -1,0 +1,111 @@
+"""Facts derived from a machine, each computed once, here, for every target, the tests
+and the benchmarks.
+
+In: a checked `Machine`. Out: plain values (names as `str`, in spec order). Nothing
+here renders text for any language: a target encodes a fact (the SQL target turns
+the claim rule into SET clauses), it never re-derives it.
+
+The claim rule (contract 4.2, "With lease") is the one fact with behaviour in it: a
+transition into a lease state from outside them claims the row for the actor; one
+between two lease states keeps the claim and refreshes the heartbeat; one out of
+them clears the claim; any other touches nothing. `lease_change` classifies a move,
+`CLAIM_RULE` says what each class does to each claim column.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from fsmc.model import Machine
+
+
+class Change(Enum):
+    """What a transition does to the claim columns (its value is what SQL compares)."""
+
+    ENTER = "enter"
+    LEAVE = "leave"
+    STAY = "stay"
+    NONE = "none"
+
+
+class Action(Enum):
+    """What a change does to one claim column."""
+
+    KEEP = "keep"
+    ACTOR = "actor"  # the actor of the transition
+    NOW = "now"
+    CLEAR = "clear"
+
+
+# The claim columns, in table order, and the claim rule over them.
+CLAIM_COLUMNS = ("claimed_by", "claimed_at", "heartbeat_at")
+CLAIM_RULE: dict[Change, tuple[Action, Action, Action]] = {
+    Change.ENTER: (Action.ACTOR, Action.NOW, Action.NOW),
+    Change.STAY: (Action.KEEP, Action.KEEP, Action.NOW),
+    Change.LEAVE: (Action.CLEAR, Action.CLEAR, Action.CLEAR),
+    Change.NONE: (Action.KEEP, Action.KEEP, Action.KEEP),
+}
+
+
+def change_of(from_held: bool, to_held: bool) -> Change:
+    """The class of a move from a state (held or not) to a state (held or not)."""
+    if to_held:
+        return Change.STAY if from_held else Change.ENTER
+    return Change.LEAVE if from_held else Change.NONE
+
+
+def lease_states(machine: Machine) -> list[str]:
+    """The lease states, in the spec's order (empty without a lease)."""
+    return [] if machine.lease is None else [str(s) for s in machine.lease.states]
+
+
+def lease_change(machine: Machine, source: str, target: str) -> Change:
+    """What a transition from `source` to `target` does to the claim columns."""
+    held = set(lease_states(machine))
+    return change_of(source in held, target in held)
+
+
+def reclaim_moves(machine: Machine) -> list[tuple[str, str, Change]]:
+    """(lease state, target, change) for each lease state the reclaim event leaves."""
+    if machine.lease is None:
+        return []
+    reclaim = str(machine.lease.reclaim)
+    return [
+        (s, machine.table[s, reclaim], lease_change(machine, s, machine.table[s, reclaim]))
+        for s in lease_states(machine)
+        if (s, reclaim) in machine.table
+    ]
+
+
+def terminals(machine: Machine) -> list[str]:
+    """The terminal states, in declaration order."""
+    return [s for s in machine.state_names if s in machine.terminal_names]
+
+
+def pairs(machine: Machine) -> list[tuple[str, str]]:
+    """The (from, to) pairs of the transitions, each once, at its first declaration."""
+    return list(dict.fromkeys((s, t) for s, _e, t in machine.edges))
+
+
+def by_state(machine: Machine) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The transitions grouped by source state, in spec order: [(state, [(event, target)])]."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for source, event, target in machine.edges:
+        out.setdefault(source, []).append((event, target))
+    return list(out.items())
+
+
+def lease_starts_and_ends(old: Machine, new: Machine) -> tuple[list[str], list[str]]:
+    """States both machines have that become lease states in `new` (starts), and those
+    that stop being ones while `new` still has a lease (ends; without one, the claim
+    columns go altogether), in `old`'s order."""
+    before, after = set(lease_states(old)), set(lease_states(new))
+    kept = [s for s in old.state_names if s in new.state_names]
+    starts = [s for s in kept if s in after and s not in before]
+    ends = [s for s in kept if s in before and s not in after] if new.lease else []
+    return starts, ends
+
+
+def removed_states(old: Machine, new: Machine) -> list[str]:
+    """The states of `old` that `new` lacks, in `old`'s order."""
+    return [s for s in old.state_names if s not in new.state_names]
