@@ -115,6 +115,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     migrate.add_argument("old", metavar="OLD")
     migrate.add_argument("new", metavar="NEW")
     migrate.add_argument("--out", metavar="FILE", help="write the SQL here instead of stdout")
+    migrate.add_argument("--no-transaction", action="store_true",
+                         help="leave out BEGIN and COMMIT, to run inside a migration framework's transaction")  # fmt: skip
     migrate.set_defaults(run=_migrate)
 
     schema = sub.add_parser("schema", help="print the JSON Schema of the spec language")
@@ -279,7 +281,7 @@ def _migrate(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_ERRORS
     try:
-        script = migrate.migrate(old.machine, new.machine)
+        script = migrate.migrate(old.machine, new.machine, transaction=not args.no_transaction)
     except migrate.Unsupported as exc:
         raise Trouble(f"cannot migrate {args.old} to {args.new}: {exc}") from None
     if args.out is None:

@@ -124,15 +124,21 @@ class Unsupported(Exception):
     """A change `fsmc migrate` will not script; the message says why and what to do."""
 
 
-def migrate(old: Machine, new: Machine, *, lock_timeout: str = LOCK_TIMEOUT) -> str:
+def migrate(
+    old: Machine, new: Machine, *, lock_timeout: str = LOCK_TIMEOUT, transaction: bool = True
+) -> str:
     """The script that moves a database built from `old`'s `.sql` to `new`'s; empty
-    when both build the same schema. Raises `Unsupported` (see the module doc)."""
+    when both build the same schema. Raises `Unsupported` (see the module doc).
+    `transaction=False` (`--no-transaction`) leaves out BEGIN and COMMIT, for a
+    migration framework's own transaction; every setting is SET LOCAL either way, so
+    nothing outlives that transaction, and a refusal still aborts it whole."""
     refused = refusals(old, new)
     if refused:
         raise Unsupported("\n".join(refused))
     if machine_digest(old) == machine_digest(new):
         return ""
-    return render("migrate.sql.j2", **as_variables(context(old, new, lock_timeout)))
+    return render("migrate.sql.j2", **as_variables(context(old, new, lock_timeout)),
+                  transaction=transaction)  # fmt: skip
 
 
 def refusals(old: Machine, new: Machine) -> list[str]:
@@ -372,6 +378,8 @@ class MigrateContext:
     old: Names
     n: Names
     digest_signature: str
+    format_signature: str
+    format_upgrade: list[str]  # what format 2 added, under OLD's names (format_upgrade)
     digest_query: str
     removed_states: str | None  # a text[] literal
     renames: Renames
@@ -380,6 +388,18 @@ class MigrateContext:
     plan: Plan
     digest_function: str  # NEW's digest function, replaced last
     pin: str
+
+
+def format_upgrade(old: Schema, n: Names) -> list[str]:
+    """What format 2 (`sql_target.SCHEMA_FORMAT`) added to a schema, as OLD's model
+    builds it under OLD's names: the claim and purge indexes, the purge ticket table,
+    the intervals view. The script creates them in a database that has no
+    `<machine>_fsmc_format()` (built by an fsmc before format 2), after adding and
+    filling the two timestamp columns, so every later step finds what it expects."""
+    indexes = [i.create() for i in old.indexes if i.name in (n.claim_index, n.purge_index)]
+    tickets = [t.create() for t in old.tables if t.name == n.purge_tickets]
+    views = [v.create() for v in old.views if v.name == n.intervals]
+    return indexes + tickets + views
 
 
 def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
@@ -410,6 +430,8 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         old=Names.of(old),
         n=names,
         digest_signature=f"{names.digest}()",
+        format_signature=f"{names.format}()",
+        format_upgrade=format_upgrade(old_schema, Names.of(old)),
         digest_query=f"SELECT {names.digest}()",
         removed_states=sql_text_array(removed_states) if removed_states else None,
         renames=Renames.of(old, new, old_schema),

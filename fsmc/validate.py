@@ -29,8 +29,9 @@ TABLE_MAX = 63
 # class name could be: a machine's class must not replace one. A test parses a
 # generated module and holds this list to it.
 RESERVED_CAMEL = frozenset(
-    {"State", "Event", "IllegalTransition", "CapReached", "Connection", "INITIAL", "TERMINAL",
-     "TRANSITIONS", "CHOICES", "CAPS", "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE"}
+    {"State", "Event", "IllegalTransition", "CapReached", "Connection", "AsyncConnection",
+     "UnknownRow", "INITIAL", "TERMINAL", "TRANSITIONS", "CHOICES", "CAPS",
+     "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE", "UNKNOWN_ROW_SQLSTATE"}
 )  # fmt: skip
 # Built-ins a class of that name would shadow in the module, which catches KeyError,
 # raises ValueError and subclasses Exception (`machine: key_error` broke apply()).

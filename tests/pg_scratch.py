@@ -48,7 +48,8 @@ TIMEOUTS = "-c lock_timeout=30s -c statement_timeout=120s"
 APP_GRANTS = """\
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT, INSERT, UPDATE ON {table} TO {role};
-GRANT SELECT, INSERT ON {events} TO {role};"""
+GRANT SELECT, INSERT ON {events} TO {role};
+GRANT SELECT ON {intervals} TO {role};"""
 
 
 def machine_of(name: str) -> Machine:
@@ -101,7 +102,7 @@ class Scratch:
         n = self.names
         return APP_GRANTS.format(schema=sql.Identifier(self.schema).as_string(),
                                  role=sql.Identifier(self.app_role).as_string(),
-                                 table=n.table, events=n.events_table).encode()  # fmt: skip
+                                 table=n.table, events=n.events_table, intervals=n.intervals).encode()  # fmt: skip
 
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         """A connection as the application role, search_path = the scratch schema. A
@@ -148,7 +149,8 @@ class Scratch:
         n = self.names
         return template.format(
             table=n.table, events=n.events_table, id_col=n.id_column, apply=n.apply,
-            heartbeat=n.heartbeat, reclaim=n.reclaim, digest=n.digest, lease_idx=n.lease_index,
+            heartbeat=n.heartbeat, reclaim=n.reclaim, claim=n.claim, purge=n.purge,
+            intervals=n.intervals, digest=n.digest, lease_idx=n.lease_index,
         ).encode()  # fmt: skip
 
     # --- rows ---------------------------------------------------------------------

@@ -706,7 +706,7 @@ def functions_in(conn: psycopg.Connection[Any], schema: str) -> set[tuple[Any, .
     out = set()
     for name, args, result, language, source, config, volatility, parallel in rows:
         if language == "sql":  # a SQL-standard body: what it returns
-            source = conn.execute(f"SELECT {schema}.{name}()".encode()).fetchone()[0]  # type: ignore[index]
+            source = str(conn.execute(f"SELECT {schema}.{name}()".encode()).fetchone()[0])  # type: ignore[index]
         out.add((name, args, result, language, source, tuple(sorted(config or ())), volatility, parallel))
     return out
 
@@ -716,6 +716,8 @@ def model_functions(conn: psycopg.Connection[Any], model: Schema, schema: str) -
     the search_path pin that the file's last block adds included)."""
 
     def type_name(sql_type: str) -> str:
+        if sql_type.startswith("TABLE ("):  # a table result: PostgreSQL prints `TABLE(...)`
+            return "TABLE" + sql_type.removeprefix("TABLE ")
         setof = sql_type.startswith("SETOF ")
         row = conn.execute("SELECT %s::regtype::text", (sql_type.removeprefix("SETOF "),)).fetchone()
         assert row is not None
@@ -810,16 +812,16 @@ def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> Non
     new_digest = dataclasses.replace(digest, returns="varchar")
     new_jobs = dataclasses.replace(jobs, columns=(
         *(dataclasses.replace(c, default="'claimed'") if c.name == "state" else c for c in jobs.columns),
-        Column("entered_at", "timestamptz", not_null=True, default="pg_catalog.now()")))  # fmt: skip
+        Column("deadline_at", "timestamptz", not_null=True, default="pg_catalog.now()")))  # fmt: skip
     new = dataclasses.replace(
         mid,
-        tables=(new_jobs, mid.tables[1]),
+        tables=(new_jobs, *mid.tables[1:]),
         views=(dataclasses.replace(view, query="SELECT id, state FROM jobs"),),
         functions=tuple(new_apply if f is apply else new_digest if f is digest else f
                         for f in mid.functions if f.name != n.guard_insert),  # fmt: skip
     )
     p = plan(mid, new)
-    assert p.tables[0].add_columns == ("entered_at timestamptz NOT NULL DEFAULT pg_catalog.now()",)
+    assert p.tables[0].add_columns == ("deadline_at timestamptz NOT NULL DEFAULT pg_catalog.now()",)
     assert p.tables[0].defaults == (("state", "'claimed'"),)
     assert p.tables[1] == plan(mid, mid).tables[1]  # the event log: nothing
     assert p.drop_views_first == ["job_intervals"] and p.drop_views == ["job_old_view"]
@@ -830,7 +832,7 @@ def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> Non
                for f in p.functions)  # fmt: skip
     assert plan(mid, mid).drop_functions_first == plan(mid, mid).drop_functions == []
     retyped = dataclasses.replace(mid, tables=(dataclasses.replace(jobs, columns=tuple(
-        dataclasses.replace(c, type="varchar") if c.name == "state" else c for c in jobs.columns)), mid.tables[1]))  # fmt: skip
+        dataclasses.replace(c, type="varchar") if c.name == "state" else c for c in jobs.columns)), *mid.tables[1:]))  # fmt: skip
     with pytest.raises(AssertionError, match="cannot change column"):
         plan(mid, retyped)
 

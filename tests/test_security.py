@@ -92,7 +92,8 @@ def test_the_application_role_has_exactly_the_readme_grants(db: Scratch) -> None
             (db.schema, db.app_role)).fetchall()  # fmt: skip
         names = db.names
         expected = sorted([(names.table.strip('"'), p) for p in ("INSERT", "SELECT", "UPDATE")]
-                          + [(names.events_table.strip('"'), p) for p in ("INSERT", "SELECT")])  # fmt: skip
+                          + [(names.events_table.strip('"'), p) for p in ("INSERT", "SELECT")]
+                          + [(names.intervals.strip('"'), "SELECT")])  # fmt: skip
         assert got == expected
         flags = app.execute("SELECT rolsuper, rolcreaterole, rolbypassrls FROM pg_roles"
                             " WHERE rolname = current_user").fetchone()  # fmt: skip

@@ -24,10 +24,14 @@ def count_field(event: str) -> str:
     return f"{event}_count"
 
 
-def exports(class_name: str) -> list[str]:
+def exports(class_name: str, lease: bool) -> list[str]:
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
-    names = ["CAPS", "CHOICES", "INITIAL", "TERMINAL", "TRANSITIONS", "CapReached", "Connection",
-             "Event", "IllegalTransition", "State", class_name, "apply", "transition"]  # fmt: skip
+    names = ["CAPS", "CHOICES", "INITIAL", "TERMINAL", "TRANSITIONS", "AsyncConnection",
+             "CapReached", "Connection", "Event", "IllegalTransition", "State", "UnknownRow",
+             class_name, "apply", "transition", "atransition", "get", "aget", "claim", "aclaim",
+             "purge", "apurge"]  # fmt: skip
+    if lease:
+        names += ["heartbeat", "aheartbeat", "reclaim", "areclaim"]
 
     def rank(name: str) -> tuple[int, str]:
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
@@ -37,6 +41,7 @@ def exports(class_name: str) -> list[str]:
 
 def context(machine: Machine) -> dict[str, object]:
     m = machine
+    names = sql.Names.of(m)
     descriptions = {str(d.name): d.description for d in m.states}
     event_descriptions = {str(d.name): d.description for d in m.events}
     return {
@@ -44,7 +49,7 @@ def context(machine: Machine) -> dict[str, object]:
         "machine": str(m.name),
         "module": module_name(m.name),
         "class_name": m.camel_name,
-        "exports": exports(m.camel_name),
+        "exports": exports(m.camel_name, m.lease is not None),
         "description": m.description,
         "states": [(member(s), s, descriptions.get(s)) for s in m.state_names],
         "events": [(member(e), e, event_descriptions.get(e)) for e in m.event_names],
@@ -57,9 +62,17 @@ def context(machine: Machine) -> dict[str, object]:
         "caps": [(member(e), count_field(e), cap) for e, cap in m.cap_limits.items()],
         "id_type": ID_TYPES[m.postgres.id_type],
         "uses_uuid": m.postgres.id_type == "uuid",
-        "apply_function": sql.Names.of(m).apply,
+        "apply_function": names.apply,
         "illegal_sqlstate": sqlstate.ILLEGAL_TRANSITION,
         "cap_sqlstate": sqlstate.CAP_REACHED,
+        "unknown_id_sqlstate": sqlstate.UNKNOWN_ID,
+        "table": names.table,
+        "claim_function": names.claim,
+        "purge_function": names.purge,
+        "heartbeat_function": names.heartbeat,
+        "reclaim_function": names.reclaim,
+        "lease": m.lease is not None,
+        "reclaim_event": str(m.lease.reclaim) if m.lease is not None else "",
     }
 
 

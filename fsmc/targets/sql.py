@@ -87,10 +87,16 @@ from fsmc.targets.pgschema import (
     Schema,
     Table,
     Trigger,
+    View,
 )
 from fsmc.templating import environment, render
 
 # The id column per id_type: (type, default, identity).
+# The shape of the schema this fsmc builds, recorded by `<machine>_fsmc_format()`.
+# 1: before it existed (no created_at/entered_at, claim, purge, intervals); 2: with them.
+# `fsmc migrate` brings a database of an older format to this one first.
+SCHEMA_FORMAT = 2
+
 ID_COLUMNS = {
     "uuid": ("uuid", "pg_catalog.gen_random_uuid()", False),
     "bigint": ("bigint", None, True),
@@ -108,7 +114,14 @@ class Names:
     apply: str
     heartbeat: str
     reclaim: str
+    claim: str
+    purge: str
+    intervals: str
+    purge_tickets: str
+    claim_index: str
+    purge_index: str
     digest: str
+    format: str
     guard_insert: str
     guard_update: str
     check_logged: str
@@ -139,7 +152,14 @@ class Names:
             apply=fn("apply"),
             heartbeat=fn("heartbeat"),
             reclaim=fn("reclaim"),
+            claim=fn("claim"),
+            purge=fn("purge"),
+            intervals=fn("intervals"),
+            purge_tickets=fn("purge_tickets"),
+            claim_index=sql_ident(sql_name(table, "claim_idx")),
+            purge_index=sql_ident(sql_name(table, "purge_idx")),
             digest=fn("fsmc_digest"),
+            format=fn("fsmc_format"),
             guard_insert=fn("guard_insert"),
             guard_update=fn("guard_update"),
             check_logged=fn("check_logged"),
@@ -276,6 +296,25 @@ class LeaseContext:
 
 
 @dataclass(frozen=True)
+class ClaimContext:
+    edges: list[tuple[str, str, str, str]]  # (from, event, to, change) of every edge
+    claims: list[str]  # claim's claim assignments (with a lease)
+    # Claimable: where a row waits for a worker (neither terminal nor under a lease;
+    # the lease states have their own index, which reclaim must keep using). The same
+    # literal list in the index and in claim's WHERE, so the planner proves the partial
+    # index applies whatever the event's sources are.
+    claimable_array: str
+    in_claimable: str
+    index_predicate: str
+
+
+@dataclass(frozen=True)
+class PurgeContext:
+    in_terminal: str
+    index_predicate: str
+
+
+@dataclass(frozen=True)
 class BodyContext:
     """What templates/machine_bodies.sql.j2 fills in (its fields are its variables)."""
 
@@ -291,6 +330,9 @@ class BodyContext:
     event_list: str
     lease: LeaseContext | None
     codes: Codes
+    id_type: str
+    claiming: ClaimContext  # not `claim`: the macros are named after the functions
+    purging: PurgeContext
 
 
 @dataclass(frozen=True)
@@ -313,6 +355,8 @@ def as_variables(context: object) -> dict[str, object]:
 
 def body_context(machine: Machine, names: Names) -> BodyContext:
     m = machine
+    leased = set(facts.lease_states(m))
+    claimable = [s for s in m.state_names if s not in m.terminal_names and s not in leased]
     lease = None
     if m.lease is not None:
         held = facts.lease_states(m)
@@ -337,6 +381,18 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
         event_list=", ".join(m.event_names),
         lease=lease,
         codes=Codes(),
+        id_type=ID_COLUMNS[m.postgres.id_type][0],
+        claiming=ClaimContext(
+            edges=[(s, e, t, facts.lease_change(m, s, t).value) for s, e, t in m.edges],
+            claims=claim_assignments("x.lease", f"{names.claim}.actor", "t") if m.lease else [],
+            claimable_array=sql_text_array(claimable),
+            in_claimable=sql_in("t.state", claimable),
+            index_predicate=sql_in("state", claimable),
+        ),
+        purging=PurgeContext(
+            in_terminal=sql_in("t.state", facts.terminals(m)),
+            index_predicate=sql_in("state", facts.terminals(m)),
+        ),
     )
 
 
@@ -385,6 +441,32 @@ _CHECK_LOGGED = (
 )
 _STATE_MOVED = "OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version"
 _SEQSCAN_OFF = (("enable_seqscan", "off"),)
+_CLAIM_INDEX = (
+    "Claim takes the oldest rows of the claimable states and purge the oldest terminal",
+    "ones: over a table of mostly finished rows, each scan reads only its own states.",
+    "Neither covers heartbeat_at, so heartbeats stay HOT updates.",
+)
+_PURGE_TICKETS = (
+    "Purge's permit to delete history, one row per purging transaction: owned by the",
+    "schema's owner and granted to no one, so only the SECURITY DEFINER purge function",
+    "can write it, and the append-only trigger lets a DELETE through only while its",
+    "transaction holds one (a setting or an advisory lock the caller could forge).",
+)
+_INTERVALS = (
+    "Every stay of every row in a state: the first from created_at (no event brought it",
+    "in), each later one from the event that brought it in, to the event that took it out",
+    "(the next version's), or to now() while the row is still there.",
+)
+_FORMAT = (
+    "The format of the schema fsmc built (fsmc.targets.sql.SCHEMA_FORMAT): `fsmc migrate`",
+    "upgrades a database an older fsmc built (no such function: format 1) before it",
+    "compares machines, so an old database is migrated, never taken for current.",
+)
+_PURGE = (
+    "The only way history is deleted. SECURITY DEFINER, to write the owner's ticket table",
+    "(the application role has no grant on it, so it cannot forge a ticket).",
+)
+_APPEND_ONLY = ("SECURITY DEFINER only to read the ticket table, which the caller cannot.",)
 
 
 def schema(machine: Machine) -> Schema:
@@ -405,6 +487,10 @@ def schema(machine: Machine) -> Schema:
             Column("id", id_type, not_null=True, default=id_default, identity=identity),
             Column("state", "text", not_null=True, default=sql_str(str(m.initial))),
             Column("state_version", "bigint", not_null=True, default="0"),
+            # When the row was born, and when it entered its current state (every move
+            # sets it): the first stay of the intervals view, the order of claim and purge.
+            Column("created_at", "timestamptz", not_null=True, default="pg_catalog.now()"),
+            Column("entered_at", "timestamptz", not_null=True, default="pg_catalog.now()"),
             *(claim if m.lease else ()),
         ),
         constraints=(
@@ -441,6 +527,17 @@ def schema(machine: Machine) -> Schema:
     if m.lease is not None:
         where = sql_in("state", facts.lease_states(m))
         indexes = (Index(n.lease_index, n.table, "(state)", where, _LEASE_INDEX),)
+    indexes += (
+        Index(n.claim_index, n.table, "(entered_at)", c.claiming.index_predicate, _CLAIM_INDEX),
+        Index(n.purge_index, n.table, "(entered_at)", c.purging.index_predicate),
+    )
+    tickets = Table(
+        name=n.purge_tickets,
+        columns=(Column("xid", "xid8", not_null=True),),
+        constraints=(Constraint(sql_ident(sql_name(str(m.name), "purge_tickets", "pkey")), "PRIMARY KEY (xid)"),),
+        comment=_PURGE_TICKETS,
+    )
+    views = (View(n.intervals, body("intervals"), _INTERVALS),)
 
     def trigger_function(name: str, body: str, *settings: tuple[str, str], comment: tuple[str, ...] = ()) -> Function:
         return Function(name, (), "trigger", "plpgsql", body, settings=settings, comment=comment)
@@ -448,6 +545,8 @@ def schema(machine: Machine) -> Schema:
     functions = [
         Function(n.digest, (), "text", "sql", sql_str(machine_digest(m)),
                  attributes=("IMMUTABLE", "PARALLEL SAFE"), comment=_FUNCTIONS),  # fmt: skip
+        Function(n.format, (), "integer", "sql", str(SCHEMA_FORMAT),
+                 attributes=("IMMUTABLE", "PARALLEL SAFE"), comment=_FORMAT),  # fmt: skip
         Function(
             n.apply,
             (
@@ -468,6 +567,21 @@ def schema(machine: Machine) -> Schema:
                      f"SETOF {id_type}", "plpgsql", body("reclaim")),  # fmt: skip
         ]
     functions += [
+        Function(
+            n.claim,
+            (
+                Parameter("event", "text"),
+                Parameter("actor", "text"),
+                Parameter("max_rows", "integer", "1"),
+                Parameter("to_state", "text", "NULL"),
+            ),
+            f"TABLE (id {id_type}, state_version bigint)", "plpgsql", body("claim"),
+        ),  # fmt: skip
+        Function(n.purge, (Parameter("older_than", "interval"), Parameter("max_rows", "integer")),
+                 "bigint", "plpgsql", body("purge"), attributes=("SECURITY DEFINER",),
+                 settings=_SEQSCAN_OFF, comment=_PURGE),  # fmt: skip
+    ]
+    functions += [
         trigger_function(n.guard_insert, body("guard_insert"), comment=(
             f"Defense in depth: writes that bypass {m.name}_apply (a manual UPDATE during an",
             "incident) still keep to the spec. Each trigger's WHEN clause lets through, without",
@@ -476,7 +590,8 @@ def schema(machine: Machine) -> Schema:
         trigger_function(n.guard_update, body("guard_update"), comment=_GUARD_UPDATE),
         trigger_function(n.check_logged, body("check_logged"), *_SEQSCAN_OFF),
         trigger_function(n.check_event, body("check_event"), *_SEQSCAN_OFF),
-        trigger_function(n.append_only, body("append_only")),
+        Function(n.append_only, (), "trigger", "plpgsql", body("append_only"),
+                 attributes=("SECURITY DEFINER",), comment=_APPEND_ONLY),  # fmt: skip
     ]
     born_elsewhere = f"NEW.state IS DISTINCT FROM {sql_str(str(m.initial))} OR NEW.state_version IS DISTINCT FROM 0"
     triggers = (
@@ -490,7 +605,7 @@ def schema(machine: Machine) -> Schema:
         Trigger(n.append_only_truncate, n.events_table, "BEFORE", "TRUNCATE", n.append_only,
                 for_each="STATEMENT"),  # fmt: skip
     )
-    return Schema((table, events), indexes, tuple(functions), triggers)
+    return Schema((table, events, tickets), indexes, tuple(functions), triggers, views)
 
 
 # The file's comment lines are fsmc's own sentences (a machine's name at most), the

@@ -6,13 +6,17 @@
 
 Generated from its spec by fsmc; change the spec and rebuild, not this file.
 Standard library only. `transition()` runs `task_apply` on any DB-API
-connection (psycopg 3 is the reference driver) inside the caller's transaction.
+connection (psycopg 3 is the reference driver) inside the caller's transaction;
+the worker's side is `get()`, `claim()`, `purge()`, `heartbeat()`, `reclaim()`. Each
+has an asyncio twin with an `a` prefix (`atransition()`, ...) for psycopg's
+`AsyncConnection`. None of them commits.
 """
 
 from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import datetime
 import enum
 import json
 import re
@@ -25,13 +29,26 @@ __all__ = [
     "INITIAL",
     "TERMINAL",
     "TRANSITIONS",
+    "AsyncConnection",
     "CapReached",
     "Connection",
     "Event",
     "IllegalTransition",
     "State",
     "Task",
+    "UnknownRow",
+    "aclaim",
+    "aget",
+    "aheartbeat",
     "apply",
+    "apurge",
+    "areclaim",
+    "atransition",
+    "claim",
+    "get",
+    "heartbeat",
+    "purge",
+    "reclaim",
     "transition",
 ]
 
@@ -262,10 +279,59 @@ _SET_STATE: typing.Final = Task.__dict__["state"].__set__
 _SET_VERSION: typing.Final = Task.__dict__["version"].__set__
 
 
-class Connection(typing.Protocol):
-    """What `transition()` needs of a DB-API connection."""
+class _Cursor(typing.Protocol):
+    """What the functions below need of a DB-API cursor (psycopg's, Django's, the one
+    of SQLAlchemy's `Connection.connection`). Positional-only, so any DB-API
+    parameter names fit; `close` returning None is what tells it from an async one."""
 
-    def cursor(self) -> typing.Any: ...
+    def execute(self, query: typing.Any, params: typing.Any = None, /) -> object: ...
+
+    def fetchone(self) -> typing.Any: ...
+
+    def fetchall(self) -> typing.Any: ...
+
+    def close(self) -> None: ...
+
+
+class Connection(typing.Protocol):
+    """A DB-API connection: what `transition()`, `get()`, `claim()`... take."""
+
+    def cursor(self) -> _Cursor: ...
+
+
+class _AsyncCursor(typing.Protocol):
+    """An asyncio cursor (psycopg's `AsyncCursor`): every call is awaited."""
+
+    def execute(
+        self, query: typing.Any, params: typing.Any = None, /
+    ) -> collections.abc.Awaitable[object]: ...
+
+    def fetchone(self) -> collections.abc.Awaitable[typing.Any]: ...
+
+    def fetchall(self) -> collections.abc.Awaitable[typing.Any]: ...
+
+    def close(self) -> collections.abc.Awaitable[None]: ...
+
+
+class AsyncConnection(typing.Protocol):
+    """An asyncio connection (psycopg's `AsyncConnection`): what `atransition()`,
+    `aget()`, `aclaim()`... take. Under mypy, a sync connection here (or an async one
+    where a sync one belongs) is a type error, not a coroutine nobody awaited."""
+
+    def cursor(self) -> _AsyncCursor: ...
+
+
+class UnknownRow(LookupError):
+    """No task has this id (SQLSTATE 23F03)."""
+
+    id: object
+
+    def __init__(self, id: object) -> None:
+        self.id = id
+        super().__init__(f"no task has id {id!r}")
+
+    def __reduce__(self) -> tuple[type[UnknownRow], tuple[object]]:
+        return (UnknownRow, (self.id,))
 
 
 _APPLY_SQL: typing.Final = "SELECT task_apply(%s, %s, %s, %s, %s::jsonb)"
@@ -276,6 +342,7 @@ _APPLY_TO_SQL: typing.Final = (
 )
 ILLEGAL_TRANSITION_SQLSTATE: typing.Final = "23F01"
 CAP_REACHED_SQLSTATE: typing.Final = "23F07"
+UNKNOWN_ROW_SQLSTATE: typing.Final = "23F03"
 _STATE_IN_ERROR: typing.Final = re.compile(r'state[ =]"?([a-z][a-z0-9_]*)')
 
 
@@ -296,9 +363,9 @@ def transition(
     `to` picks a choice's target (CHOICES). Raises IllegalTransition when the
     database refuses the transition from the row's current state (CapReached when a
     capped event has fired its cap's worth), ValueError for an event or a `to` this
-    module does not know, and
-    lets the driver's error through for anything else (no row with that id is
-    SQLSTATE 23F03). Never commits; after an error the transaction is aborted, so
+    module does not know, UnknownRow (a LookupError) for an id with no row, and lets
+    the driver's error through for anything else; the SQLSTATE is found on the
+    driver's error or on the error it wraps (Django, SQLAlchemy). Never commits; after an error the transaction is aborted, so
     roll back.
 
     Under READ COMMITTED (PostgreSQL's default) a lost race returns None. Under
@@ -321,18 +388,77 @@ def transition(
                 args = (id, checked.value, expected_version, actor, body, target.value)
                 cursor.execute(_APPLY_TO_SQL, args)
         except Exception as error:
-            sqlstate = getattr(error, "sqlstate", None)
-            if sqlstate == CAP_REACHED_SQLSTATE and checked in CAPS:
-                raise CapReached(_state_in(error), checked, CAPS[checked]) from error
-            if sqlstate != ILLEGAL_TRANSITION_SQLSTATE:
-                raise
-            raise IllegalTransition(_state_in(error), checked, target) from error
+            _refused(error, id, checked, target)
+            raise
         row = cursor.fetchone()
     finally:
         cursor.close()
+    return _version(row)
+
+
+async def atransition(
+    conn: AsyncConnection,
+    id: str,
+    event: Event | str,
+    *,
+    expected_version: int,
+    actor: str,
+    payload: object = None,
+    to: State | str | None = None,
+) -> int | None:
+    """`transition()` on an asyncio connection (psycopg's `AsyncConnection`)."""
+    checked = _event(event)
+    target = None if to is None else _state(to)
+    body = None if payload is None else json.dumps(payload)
+    cursor = conn.cursor()
+    try:
+        try:
+            if target is None:
+                await cursor.execute(_APPLY_SQL, (id, checked.value, expected_version, actor, body))
+            else:
+                args = (id, checked.value, expected_version, actor, body, target.value)
+                await cursor.execute(_APPLY_TO_SQL, args)
+        except Exception as error:
+            _refused(error, id, checked, target)
+            raise
+        row = await cursor.fetchone()
+    finally:
+        await cursor.close()
+    return _version(row)
+
+
+def _version(row: typing.Any) -> int | None:
     if row is None or row[0] is None:
         return None
     return int(row[0])
+
+
+def _sqlstate(error: BaseException) -> tuple[str | None, BaseException]:
+    """The SQLSTATE of a driver error, found on it or on the error it wraps: Django
+    re-raises the driver's error as its own (`from` it), SQLAlchemy keeps it as
+    `__cause__` (and `.orig`). Returns the code and the error that carries it."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+        if isinstance(code, str):
+            return code, current
+        current = current.__cause__ or getattr(current, "orig", None)
+    return None, error
+
+
+def _refused(
+    error: BaseException, id: object, event: Event | None, target: State | None = None
+) -> None:
+    """Raise this module's exception for a refusal the database made, if it is one."""
+    code, carrier = _sqlstate(error)
+    if code == CAP_REACHED_SQLSTATE and event is not None and event in CAPS:
+        raise CapReached(_state_in(carrier), event, CAPS[event]) from error
+    if code == ILLEGAL_TRANSITION_SQLSTATE and event is not None:
+        raise IllegalTransition(_state_in(carrier), event, target) from error
+    if code == UNKNOWN_ROW_SQLSTATE:
+        raise UnknownRow(id) from error
 
 
 def _state_in(error: BaseException) -> State:
@@ -345,3 +471,189 @@ def _state_in(error: BaseException) -> State:
             except ValueError:
                 continue
     raise error
+
+
+# --- the worker's side: get, claim, purge, heartbeat, reclaim ---------------------------
+# Each takes the connection first, runs in the caller's transaction and never commits.
+# The sync and async functions share their SQL and their reading of the rows; they
+# differ only in awaiting the cursor.
+
+_GET_SQL: typing.Final = "SELECT state, state_version FROM tasks WHERE id = %s"
+_CLAIM_SQL: typing.Final = "SELECT id, state_version FROM task_claim(%s, %s, %s, %s)"
+_STATES_SQL: typing.Final = "SELECT id, state FROM tasks WHERE id = ANY (%s)"
+_PURGE_SQL: typing.Final = "SELECT task_purge(%s, %s)"
+_HEARTBEAT_SQL: typing.Final = "SELECT task_heartbeat(%s, %s)"
+_RECLAIM_SQL: typing.Final = "SELECT task_reclaim(%s, %s)"
+
+
+def _row(id: str, row: typing.Any) -> Task | None:
+    if row is None:
+        return None
+    return Task(id, _state(row[0]), int(row[1]))
+
+
+def _claimed(
+    event: Event, to: State | None, rows: typing.Any
+) -> tuple[list[tuple[str, int]], State | None]:
+    """The claimed (id, version) pairs, and their state when the event has one target
+    from all its sources (else None: read the states back)."""
+    targets = {t for (_s, e), t in _TABLE.items() if e == event and (to is None or t == to)}
+    target = next(iter(targets)) if len(targets) == 1 else None
+    return [(r[0], int(r[1])) for r in rows], target
+
+
+def _checked_to(to: State | str | None) -> State | None:
+    return None if to is None else _state(to)
+
+
+def get(conn: Connection, id: str) -> Task | None:
+    """The row with this id as a `Task`, or None when there is none."""
+    cursor = conn.cursor()
+    try:
+        cursor.execute(_GET_SQL, (id,))
+        return _row(id, cursor.fetchone())
+    finally:
+        cursor.close()
+
+
+async def aget(conn: AsyncConnection, id: str) -> Task | None:
+    """`get()` on an asyncio connection."""
+    cursor = conn.cursor()
+    try:
+        await cursor.execute(_GET_SQL, (id,))
+        return _row(id, await cursor.fetchone())
+    finally:
+        await cursor.close()
+
+
+def claim(
+    conn: Connection,
+    event: Event | str,
+    *,
+    actor: str,
+    limit: int = 1,
+    to: State | str | None = None,
+) -> list[Task]:
+    """Fire `event` on up to `limit` rows in its source states, oldest first, skipping
+    rows other transactions hold (task_claim): the rows it moved, as
+    `Task`s at their new versions. Two workers never claim one row."""
+    checked, target = _event(event), _checked_to(to)
+    cursor = conn.cursor()
+    try:
+        try:
+            cursor.execute(_CLAIM_SQL, (checked.value, actor, limit, _value(target)))
+        except Exception as error:
+            _refused(error, None, None)
+            raise
+        pairs, state = _claimed(checked, target, cursor.fetchall())
+        states: dict[typing.Any, typing.Any] = {}
+        if state is None and pairs:
+            cursor.execute(_STATES_SQL, ([i for i, _v in pairs],))
+            states = dict(cursor.fetchall())
+    finally:
+        cursor.close()
+    return [Task(i, state or _state(states[i]), v) for i, v in pairs]
+
+
+async def aclaim(
+    conn: AsyncConnection,
+    event: Event | str,
+    *,
+    actor: str,
+    limit: int = 1,
+    to: State | str | None = None,
+) -> list[Task]:
+    """`claim()` on an asyncio connection."""
+    checked, target = _event(event), _checked_to(to)
+    cursor = conn.cursor()
+    try:
+        try:
+            await cursor.execute(_CLAIM_SQL, (checked.value, actor, limit, _value(target)))
+        except Exception as error:
+            _refused(error, None, None)
+            raise
+        pairs, state = _claimed(checked, target, await cursor.fetchall())
+        states: dict[typing.Any, typing.Any] = {}
+        if state is None and pairs:
+            await cursor.execute(_STATES_SQL, ([i for i, _v in pairs],))
+            states = dict(await cursor.fetchall())
+    finally:
+        await cursor.close()
+    return [Task(i, state or _state(states[i]), v) for i, v in pairs]
+
+
+def _value(state: State | None) -> str | None:
+    return None if state is None else state.value
+
+
+def purge(conn: Connection, *, older_than: datetime.timedelta, limit: int) -> int:
+    """Delete up to `limit` rows terminal for longer than `older_than`, each with its
+    whole history, oldest first (task_purge); the count deleted."""
+    cursor = conn.cursor()
+    try:
+        cursor.execute(_PURGE_SQL, (older_than, limit))
+        return int(cursor.fetchone()[0])
+    finally:
+        cursor.close()
+
+
+async def apurge(conn: AsyncConnection, *, older_than: datetime.timedelta, limit: int) -> int:
+    """`purge()` on an asyncio connection."""
+    cursor = conn.cursor()
+    try:
+        await cursor.execute(_PURGE_SQL, (older_than, limit))
+        return int((await cursor.fetchone())[0])
+    finally:
+        await cursor.close()
+
+
+def heartbeat(conn: Connection, id: str, *, expected_version: int) -> bool:
+    """Refresh the row's heartbeat while it is held at `expected_version`: False when
+    it moved meanwhile (reclaimed, say: stop working on it). UnknownRow for no row."""
+    cursor = conn.cursor()
+    try:
+        try:
+            cursor.execute(_HEARTBEAT_SQL, (id, expected_version))
+        except Exception as error:
+            _refused(error, id, None)
+            raise
+        return bool(cursor.fetchone()[0])
+    finally:
+        cursor.close()
+
+
+async def aheartbeat(conn: AsyncConnection, id: str, *, expected_version: int) -> bool:
+    """`heartbeat()` on an asyncio connection."""
+    cursor = conn.cursor()
+    try:
+        try:
+            await cursor.execute(_HEARTBEAT_SQL, (id, expected_version))
+        except Exception as error:
+            _refused(error, id, None)
+            raise
+        return bool((await cursor.fetchone())[0])
+    finally:
+        await cursor.close()
+
+
+def reclaim(conn: Connection, *, older_than: datetime.timedelta, actor: str) -> list[str]:
+    """Move every held row whose heartbeat is older than `older_than` along
+    `fail`, in one statement; the ids it moved."""
+    cursor = conn.cursor()
+    try:
+        cursor.execute(_RECLAIM_SQL, (older_than, actor))
+        return [r[0] for r in cursor.fetchall()]
+    finally:
+        cursor.close()
+
+
+async def areclaim(
+    conn: AsyncConnection, *, older_than: datetime.timedelta, actor: str
+) -> list[str]:
+    """`reclaim()` on an asyncio connection."""
+    cursor = conn.cursor()
+    try:
+        await cursor.execute(_RECLAIM_SQL, (older_than, actor))
+        return [r[0] for r in await cursor.fetchall()]
+    finally:
+        await cursor.close()

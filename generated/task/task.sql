@@ -32,6 +32,8 @@ CREATE TABLE tasks (
     id text NOT NULL,
     state text NOT NULL DEFAULT 'new',
     state_version bigint NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    entered_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     claimed_by text,
     claimed_at timestamptz,
     heartbeat_at timestamptz,
@@ -57,10 +59,54 @@ CREATE TABLE task_events (
     CONSTRAINT task_events_transition_check CHECK ((from_state || ' ' || event || ' ' || to_state) = ANY ('{"new acquire acquired","acquired begin working","acquired expire new","working complete done","acquired fail failed","working fail failed","failed retry new","failed give_up dead"}'::text[]))
 );
 
+-- Purge's permit to delete history, one row per purging transaction: owned by the
+-- schema's owner and granted to no one, so only the SECURITY DEFINER purge function
+-- can write it, and the append-only trigger lets a DELETE through only while its
+-- transaction holds one (a setting or an advisory lock the caller could forge).
+CREATE TABLE task_purge_tickets (
+    xid xid8 NOT NULL,
+    CONSTRAINT task_purge_tickets_pkey PRIMARY KEY (xid)
+);
+
 -- The reclaim scan reads only rows in a lease state. Keyed on state, not heartbeat_at:
 -- a heartbeat then changes no indexed column and stays a HOT update.
 CREATE INDEX tasks_lease_idx ON tasks (state)
     WHERE state IN ('acquired', 'working');
+
+-- Claim takes the oldest rows of the claimable states and purge the oldest terminal
+-- ones: over a table of mostly finished rows, each scan reads only its own states.
+-- Neither covers heartbeat_at, so heartbeats stay HOT updates.
+CREATE INDEX tasks_claim_idx ON tasks (entered_at)
+    WHERE state IN ('new', 'failed');
+
+CREATE INDEX tasks_purge_idx ON tasks (entered_at)
+    WHERE state IN ('done', 'dead');
+
+-- Every stay of every row in a state: the first from created_at (no event brought it
+-- in), each later one from the event that brought it in, to the event that took it out
+-- (the next version's), or to now() while the row is still there.
+CREATE VIEW task_intervals AS
+SELECT s.id,
+       s.state,
+       s.version,
+       s.entered_at,
+       o.at AS left_at,
+       coalesce(o.at, pg_catalog.now()) - s.entered_at AS duration,
+       s.entered_event,
+       o.event AS left_event,
+       s.entered_actor,
+       o.actor AS left_actor
+FROM (
+    SELECT t.id, 0::bigint AS version, coalesce(f.from_state, t.state) AS state,
+           t.created_at AS entered_at, NULL::text AS entered_event, NULL::text AS entered_actor
+    FROM tasks AS t
+    LEFT JOIN task_events AS f ON f.task_id = t.id AND f.version = 1
+    UNION ALL
+    SELECT e.task_id, e.version, e.to_state, e.at, e.event, e.actor
+    FROM task_events AS e
+) AS s
+LEFT JOIN task_events AS o
+    ON o.task_id = s.id AND o.version = s.version + 1;
 
 -- Every function, trigger functions included, runs with its search_path pinned to
 -- pg_catalog, the schema it was created in, and pg_temp last (the block at the end of
@@ -76,6 +122,13 @@ CREATE INDEX tasks_lease_idx ON tasks (state)
 CREATE FUNCTION task_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 'fb9cccbb5fa41c2c5e908a9a3039abdfcfd73258f290c91047924a6225b3fe7d';
+
+-- The format of the schema fsmc built (fsmc.targets.sql.SCHEMA_FORMAT): `fsmc migrate`
+-- upgrades a database an older fsmc built (no such function: format 1) before it
+-- compares machines, so an old database is migrated, never taken for current.
+CREATE FUNCTION task_fsmc_format() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 2;
 
 CREATE FUNCTION task_apply(
     id text,
@@ -144,6 +197,7 @@ BEGIN
     -- state_version no longer matches: of two calls at one version, one moves the row.
     UPDATE tasks AS t
     SET state = v_to,
+        entered_at = pg_catalog.now(),
         state_version = t.state_version + 1,
         -- Into the lease from outside: claimed now, by this actor; within it: a fresh
         -- heartbeat; out of it: no claim at all (contract 4.2, "With lease").
@@ -221,6 +275,7 @@ BEGIN
         UPDATE tasks AS t
         SET state = x.to_state,
             state_version = t.state_version + 1,
+            entered_at = pg_catalog.now(),
             claimed_by = CASE x.lease WHEN 'enter' THEN task_reclaim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
             claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
             heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
@@ -236,6 +291,183 @@ BEGIN
     SELECT m.id, m.state_version, m.from_state, 'fail', m.to_state, task_reclaim.actor
     FROM moved AS m
     RETURNING task_id;
+END
+$fsmc$;
+
+CREATE FUNCTION task_claim(
+    event text,
+    actor text,
+    max_rows integer DEFAULT 1,
+    to_state text DEFAULT NULL
+) RETURNS TABLE (id text, state_version bigint)
+LANGUAGE plpgsql
+AS $fsmc$
+#variable_conflict use_column
+DECLARE
+    v_event text := task_claim.event;
+    v_sources text[];
+BEGIN
+    IF v_event IS NULL OR task_claim.actor IS NULL OR task_claim.max_rows IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
+            MESSAGE = 'task_claim: event, actor and max_rows must not be NULL';
+    END IF;
+    IF task_claim.max_rows < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = pg_catalog.format('task_claim: max_rows must be 0 or more, not %s',
+                                        task_claim.max_rows);
+    END IF;
+    IF NOT (v_event = ANY ('{"acquire","begin","complete","fail","retry","give_up","expire"}'::text[])) THEN
+        RAISE EXCEPTION USING ERRCODE = '23F02',
+            MESSAGE = pg_catalog.format('task_claim: unknown event "%s"', v_event),
+            DETAIL = pg_catalog.format('event=%s', v_event),
+            HINT = 'the events are: acquire, begin, complete, fail, retry, give_up, expire';
+    END IF;
+    SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
+    FROM (VALUES
+        ('new', 'acquire', 'acquired', 'enter'),
+        ('acquired', 'begin', 'working', 'stay'),
+        ('acquired', 'expire', 'new', 'leave'),
+        ('working', 'complete', 'done', 'leave'),
+        ('acquired', 'fail', 'failed', 'leave'),
+        ('working', 'fail', 'failed', 'leave'),
+        ('failed', 'retry', 'new', 'none'),
+        ('failed', 'give_up', 'dead', 'none')
+    ) AS x (from_state, event, to_state, lease)
+    WHERE x.event = v_event
+      AND (task_claim.to_state IS NULL OR x.to_state = task_claim.to_state);
+    IF v_sources IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '23F01',
+            MESSAGE = pg_catalog.format('task_claim: no transition on event "%s" leads to state "%s"',
+                                        v_event, task_claim.to_state),
+            DETAIL = pg_catalog.format('event=%s to_state=%s', v_event, task_claim.to_state);
+    END IF;
+    -- One statement: lock the oldest rows in the event's source states that no other
+    -- transaction holds (SKIP LOCKED: two claimers never wait for, or both take, one
+    -- row), move them, append their events. The literal list of claimable states matches
+    -- the partial index's predicate, so the scan reads that index in entered_at order.
+    IF v_sources OPERATOR(pg_catalog.<@) '{"new","failed"}'::text[] THEN
+        RETURN QUERY
+        WITH picked AS (
+            SELECT t.id, t.state
+            FROM tasks AS t
+            WHERE t.state IN ('new', 'failed')
+              AND t.state = ANY (v_sources)
+            ORDER BY t.entered_at
+            LIMIT task_claim.max_rows
+            FOR UPDATE SKIP LOCKED
+        ), moved AS (
+            UPDATE tasks AS t
+            SET state = x.to_state,
+                state_version = t.state_version + 1,
+                entered_at = pg_catalog.now(),
+                claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+            FROM picked AS p
+            JOIN (VALUES
+                ('new', 'acquire', 'acquired', 'enter'),
+                ('acquired', 'begin', 'working', 'stay'),
+                ('acquired', 'expire', 'new', 'leave'),
+                ('working', 'complete', 'done', 'leave'),
+                ('acquired', 'fail', 'failed', 'leave'),
+                ('working', 'fail', 'failed', 'leave'),
+                ('failed', 'retry', 'new', 'none'),
+                ('failed', 'give_up', 'dead', 'none')
+            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+            WHERE t.id = p.id AND t.state = p.state
+              AND (task_claim.to_state IS NULL OR x.to_state = task_claim.to_state)
+            RETURNING t.id, x.from_state, x.to_state, t.state_version
+        ), logged AS (
+            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
+            FROM moved AS m
+            RETURNING task_id, version
+        )
+        SELECT l.task_id, l.version FROM logged AS l;
+    ELSE
+        -- Sources inside the lease (or mixed): the lease index, or a scan.
+        RETURN QUERY
+        WITH picked AS (
+            SELECT t.id, t.state
+            FROM tasks AS t
+            WHERE t.state = ANY (v_sources)
+            ORDER BY t.entered_at
+            LIMIT task_claim.max_rows
+            FOR UPDATE SKIP LOCKED
+        ), moved AS (
+            UPDATE tasks AS t
+            SET state = x.to_state,
+                state_version = t.state_version + 1,
+                entered_at = pg_catalog.now(),
+                claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+            FROM picked AS p
+            JOIN (VALUES
+                ('new', 'acquire', 'acquired', 'enter'),
+                ('acquired', 'begin', 'working', 'stay'),
+                ('acquired', 'expire', 'new', 'leave'),
+                ('working', 'complete', 'done', 'leave'),
+                ('acquired', 'fail', 'failed', 'leave'),
+                ('working', 'fail', 'failed', 'leave'),
+                ('failed', 'retry', 'new', 'none'),
+                ('failed', 'give_up', 'dead', 'none')
+            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+            WHERE t.id = p.id AND t.state = p.state
+              AND (task_claim.to_state IS NULL OR x.to_state = task_claim.to_state)
+            RETURNING t.id, x.from_state, x.to_state, t.state_version
+        ), logged AS (
+            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
+            FROM moved AS m
+            RETURNING task_id, version
+        )
+        SELECT l.task_id, l.version FROM logged AS l;
+    END IF;
+END
+$fsmc$;
+
+-- The only way history is deleted. SECURITY DEFINER, to write the owner's ticket table
+-- (the application role has no grant on it, so it cannot forge a ticket).
+CREATE FUNCTION task_purge(older_than interval, max_rows integer) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET enable_seqscan = off
+AS $fsmc$
+DECLARE
+    v_ids text[];
+    v_count bigint;
+BEGIN
+    IF task_purge.older_than IS NULL OR task_purge.max_rows IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
+            MESSAGE = 'task_purge: older_than and max_rows must not be NULL';
+    END IF;
+    IF task_purge.older_than < interval '0' OR task_purge.max_rows < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = pg_catalog.format('task_purge: older_than and max_rows must not be negative, not %s and %s',
+                                        task_purge.older_than, task_purge.max_rows);
+    END IF;
+    -- Terminal rows only, entered strictly before now() - older_than: a row that reached
+    -- its terminal in this very transaction is never purged under the event it just got.
+    -- SKIP LOCKED: a row someone holds is left for the next batch.
+    SELECT pg_catalog.array_agg(d.id) INTO v_ids
+    FROM (
+        SELECT t.id
+        FROM tasks AS t
+        WHERE t.state IN ('done', 'dead')
+          AND t.entered_at < pg_catalog.now() - task_purge.older_than
+        ORDER BY t.entered_at
+        LIMIT task_purge.max_rows
+        FOR UPDATE SKIP LOCKED
+    ) AS d;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO task_purge_tickets (xid) VALUES (pg_catalog.pg_current_xact_id());
+    DELETE FROM task_events AS e WHERE e.task_id = ANY (v_ids);
+    DELETE FROM tasks AS t WHERE t.id = ANY (v_ids);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    DELETE FROM task_purge_tickets AS k WHERE k.xid = pg_catalog.pg_current_xact_id();
+    RETURN v_count;
 END
 $fsmc$;
 
@@ -321,10 +553,17 @@ BEGIN
 END
 $fsmc$;
 
+-- SECURITY DEFINER only to read the ticket table, which the caller cannot.
 CREATE FUNCTION task_events_append_only() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM FROM task_purge_tickets AS k WHERE k.xid = pg_catalog.pg_current_xact_id();
+        IF FOUND THEN
+            RETURN OLD;  -- task_purge, deleting a purged row's history
+        END IF;
+    END IF;
     RAISE EXCEPTION USING ERRCODE = '23F06',
         MESSAGE = pg_catalog.format('task_events is append-only: %s refused', TG_OP);
 END
@@ -373,7 +612,7 @@ BEGIN
         FROM pg_catalog.pg_proc AS p
         JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
         WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_fsmc_digest","task_apply","task_heartbeat","task_reclaim","task_guard_insert","task_guard_update","task_check_logged","task_check_event","task_events_append_only"}'::pg_catalog.text[])
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_fsmc_digest","task_fsmc_format","task_apply","task_heartbeat","task_reclaim","task_claim","task_purge","task_guard_insert","task_guard_update","task_check_logged","task_check_event","task_events_append_only"}'::pg_catalog.text[])
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
                                   v_function.nspname, v_function.proname, v_function.args,

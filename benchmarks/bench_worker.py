@@ -1,0 +1,251 @@
+"""End-to-end no-op jobs per second on one PostgreSQL: fsmc's generated `job` module
+(asyncio and threads) beside procrastinate and pgqueuer, at 1 and 8 workers.
+
+    pip install -e '.[bench]'
+    python benchmarks/bench_worker.py --dsn postgresql://postgres@127.0.0.1:5432/postgres --jobs 2000
+
+Each contender gets a fresh schema, enqueues --jobs no-op jobs, and its workers run
+them to the end; the figure is jobs / (enqueue + drain) seconds, the best of --rounds.
+
+- fsmc: a worker claims one job (`job_claim`), starts it and finishes it (`job_apply`
+  twice), each call its own transaction (an autocommit connection: every function
+  is one atomic statement), so three round trips per job, every move in the event
+  log. "asyncio" runs N tasks with one AsyncConnection each; "threads" N threads with
+  one Connection each. Jobs are enqueued with one multi-row INSERT per 1,000.
+- procrastinate: `batch_defer_async`, then `run_worker_async(concurrency=N, wait=False)`
+  (it fetches, marks doing, runs, and finishes each job).
+- pgqueuer: `Queries.enqueue` of the whole batch, then `PgQueuer.run(mode=drain,
+  max_concurrent_tasks=N)` (it dequeues in batches and logs each job's end).
+
+Their machinery differs (procrastinate and pgqueuer keep no per-transition history;
+pgqueuer dequeues in batches); the figures say what a user gets from each for the
+same no-op job. Nothing here is a test: speed belongs here, not in tests/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import logging
+import platform
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATED = ROOT / "generated" / "job"
+
+
+def load_job() -> Any:
+    spec = importlib.util.spec_from_file_location("fsm_job", GENERATED / "fsm_job.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fsm_job"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+job = load_job()
+
+
+def fresh_schema(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+
+
+def options(schema: str) -> str:
+    return f"-c search_path={schema}"
+
+
+# --- fsmc -------------------------------------------------------------------------------
+
+
+def fsmc_setup(dsn: str, schema: str) -> None:
+    fresh_schema(dsn, schema)
+    with psycopg.connect(dsn, options=options(schema)) as conn:
+        conn.execute((GENERATED / "job.sql").read_bytes())
+        conn.commit()
+
+
+def fsmc_enqueue(dsn: str, schema: str, jobs: int) -> None:
+    with psycopg.connect(dsn, options=options(schema)) as conn:
+        left = jobs
+        while left:
+            n = min(left, 1000)
+            conn.execute("INSERT INTO jobs SELECT FROM generate_series(1, %s)", (n,))
+            left -= n
+        conn.commit()
+
+
+def fsmc_threads(dsn: str, schema: str, jobs: int, workers: int) -> float:
+    fsmc_setup(dsn, schema)
+    done = [0] * workers
+
+    def work(n: int) -> None:
+        with psycopg.connect(dsn, options=options(schema), autocommit=True) as conn:
+            while True:
+                claimed = job.claim(conn, job.Event.CLAIM, actor=f"t{n}")
+                if not claimed:
+                    return
+                row = claimed[0]
+                version = job.transition(conn, row.id, job.Event.START,
+                                         expected_version=row.version, actor=f"t{n}")  # fmt: skip
+                job.transition(conn, row.id, job.Event.FINISH, expected_version=version, actor=f"t{n}")
+                done[n] += 1
+
+    start = time.perf_counter()
+    fsmc_enqueue(dsn, schema, jobs)
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    assert sum(done) == jobs, (sum(done), jobs)
+    return elapsed
+
+
+async def fsmc_asyncio_run(dsn: str, schema: str, jobs: int, workers: int) -> float:
+    done = [0] * workers
+
+    async def work(n: int) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, options=options(schema),
+                                                         autocommit=True) as conn:  # fmt: skip
+            while True:
+                claimed = await job.aclaim(conn, job.Event.CLAIM, actor=f"a{n}")
+                if not claimed:
+                    return
+                row = claimed[0]
+                version = await job.atransition(conn, row.id, job.Event.START,
+                                                expected_version=row.version, actor=f"a{n}")  # fmt: skip
+                await job.atransition(conn, row.id, job.Event.FINISH, expected_version=version,
+                                      actor=f"a{n}")  # fmt: skip
+                done[n] += 1
+
+    start = time.perf_counter()
+    await asyncio.to_thread(fsmc_enqueue, dsn, schema, jobs)
+    await asyncio.gather(*(work(n) for n in range(workers)))
+    elapsed = time.perf_counter() - start
+    assert sum(done) == jobs, (sum(done), jobs)
+    return elapsed
+
+
+def fsmc_asyncio(dsn: str, schema: str, jobs: int, workers: int) -> float:
+    fsmc_setup(dsn, schema)
+    return asyncio.run(fsmc_asyncio_run(dsn, schema, jobs, workers))
+
+
+# --- procrastinate ----------------------------------------------------------------------
+
+
+def procrastinate_run(dsn: str, schema: str, jobs: int, workers: int) -> float:
+    import procrastinate
+
+    fresh_schema(dsn, schema)
+    ran = [0]
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+        conninfo=dsn, kwargs={"options": options(schema)}, min_size=1, max_size=workers + 2))  # fmt: skip
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        ran[0] += 1
+
+    async def main() -> float:
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            start = time.perf_counter()
+            for first in range(0, jobs, 1000):
+                await noop.batch_defer_async(*({} for _ in range(min(1000, jobs - first))))
+            await app.run_worker_async(concurrency=workers, wait=False, install_signal_handlers=False,
+                                       listen_notify=False)  # fmt: skip
+            return time.perf_counter() - start
+
+    elapsed = asyncio.run(main())
+    assert ran[0] == jobs, (ran[0], jobs)
+    return elapsed
+
+
+# --- pgqueuer ---------------------------------------------------------------------------
+
+
+def pgqueuer_run(dsn: str, schema: str, jobs: int, workers: int) -> float:
+    from pgqueuer import PgQueuer, PsycopgDriver, Queries
+    from pgqueuer.domain.types import QueueExecutionMode
+
+    fresh_schema(dsn, schema)
+    ran = [0]
+
+    async def main() -> float:
+        async with await psycopg.AsyncConnection.connect(dsn, options=options(schema),
+                                                         autocommit=True) as conn:  # fmt: skip
+            driver = PsycopgDriver(conn)
+            queries = Queries(driver)
+            await queries.install()
+            pgq = PgQueuer(driver)
+
+            @pgq.entrypoint("noop")
+            async def noop(_job: Any) -> None:
+                ran[0] += 1
+
+            start = time.perf_counter()
+            for first in range(0, jobs, 1000):
+                n = min(1000, jobs - first)
+                await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+            await pgq.run(mode=QueueExecutionMode.drain, max_concurrent_tasks=max(2, workers),
+                          batch_size=max(1, workers // 2))  # fmt: skip
+            return time.perf_counter() - start
+
+    elapsed = asyncio.run(main())
+    assert ran[0] == jobs, (ran[0], jobs)
+    return elapsed
+
+
+CONTENDERS: dict[str, Callable[[str, str, int, int], float]] = {
+    "fsmc asyncio": fsmc_asyncio,
+    "fsmc threads": fsmc_threads,
+    "procrastinate": procrastinate_run,
+    "pgqueuer": pgqueuer_run,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--only", nargs="+", choices=sorted(CONTENDERS), default=sorted(CONTENDERS))
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)  # the peers log every job at INFO
+    with psycopg.connect(args.dsn) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+    print(f"# {args.jobs} no-op jobs, best of {args.rounds}; PostgreSQL {version[0] if version else '?'},"
+          f" Python {platform.python_version()}, {platform.machine()}")  # fmt: skip
+    print(f"{'contender':<16}" + "".join(f"{f'{w} worker(s)':>16}" for w in args.workers))
+    for name in sorted(CONTENDERS, key=list(CONTENDERS).index):
+        if name not in args.only:
+            continue
+        cells = []
+        for workers in args.workers:
+            schema = "bench_" + name.replace(" ", "_")
+            best = min(CONTENDERS[name](args.dsn, schema, args.jobs, workers) for _ in range(args.rounds))
+            cells.append(f"{args.jobs / best:>12,.0f} j/s")
+            fresh_schema(args.dsn, schema)
+        print(f"{name:<16}" + "".join(f"{c:>16}" for c in cells), flush=True)
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        for name in CONTENDERS:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                sql.Identifier("bench_" + name.replace(" ", "_"))))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

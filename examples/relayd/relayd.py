@@ -1,0 +1,257 @@
+"""relayd: seed 000's job runner, on fsmc's generated `job` module and schema.
+
+    python examples/relayd/relayd.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
+
+creates the schema `relayd` (once, from generated/job/job.sql), enqueues --jobs no-op
+jobs, and runs until every one is terminal, printing what it does:
+
+- an asyncio worker pool: each worker claims the oldest queued job (`job.aclaim`,
+  SKIP LOCKED: two workers never get one job), starts it, heartbeats while it works
+  (`job.aheartbeat`; False means the job was taken from it: it stops), and finishes it,
+  or records an error (a job fails at random, --fail-rate);
+- a supervisor: reclaims jobs whose heartbeat is older than the lease (`job.areclaim`:
+  their worker died), retries failed jobs, abandons those that failed --max-tries
+  times, and purges terminal jobs older than --keep (`job.apurge`).
+
+Every move goes through the database function, in its own short transaction: the
+event log (`job_events`) is the whole story, and `job_intervals` answers how long each
+stay took. `--chaos` kills workers at random moments (tasks cancelled, connections
+terminated mid-transaction), as tests/test_relayd.py does, to show nothing is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import random
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = ROOT / "generated" / "job"
+
+
+def load_job_module() -> ModuleType:
+    """The generated module, imported from generated/job/ (no install needed)."""
+    spec = importlib.util.spec_from_file_location("fsm_job", GENERATED / "fsm_job.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fsm_job"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+job = load_job_module()
+
+Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
+
+
+@dataclass
+class Settings:
+    workers: int = 8
+    lease: timedelta = timedelta(seconds=3)  # a heartbeat older than this: the worker is dead
+    beat: float = 0.2  # seconds between heartbeats
+    work: tuple[float, float] = (0.01, 0.1)  # a job's duration, seconds (uniform)
+    fail_rate: float = 0.1
+    max_tries: int = 3  # failures before a job is abandoned
+    keep: timedelta = timedelta(hours=1)  # terminal jobs older than this are purged
+    chaos: float = 0.0  # seconds between kills (0: no chaos)
+    quiet: bool = False
+
+
+@dataclass
+class Pool:
+    """The running system: who is alive, who died, what was done."""
+
+    settings: Settings
+    connect: Connect
+    dead: set[str] = field(default_factory=set)
+    live: dict[str, tuple[asyncio.Task[None], list[int]]] = field(default_factory=dict)
+    finished: list[Any] = field(default_factory=list)
+    incarnations: int = 0
+
+    def say(self, who: str, text: str) -> None:
+        if not self.settings.quiet:
+            print(f"{who:>12}  {text}", flush=True)
+
+
+async def work_one(pool: Pool, conn: psycopg.AsyncConnection[Any], name: str) -> bool:
+    """Claim, start, run with heartbeats, finish or error one job; False: queue empty."""
+    s = pool.settings
+    async with conn.transaction():
+        claimed = await job.aclaim(conn, job.Event.CLAIM, actor=name)
+    if not claimed:
+        return False
+    row = claimed[0]
+    async with conn.transaction():
+        version = await job.atransition(conn, row.id, job.Event.START,
+                                        expected_version=row.version, actor=name)  # fmt: skip
+    if version is None:
+        pool.say(name, f"lost {row.id} before start (reclaimed)")
+        return True
+    pool.say(name, f"running {row.id}")
+    deadline = asyncio.get_running_loop().time() + random.uniform(*s.work)
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        await asyncio.sleep(min(left, s.beat))
+        async with conn.transaction():
+            alive = await job.aheartbeat(conn, row.id, expected_version=version)
+        if not alive:
+            pool.say(name, f"lost {row.id} while running (reclaimed)")
+            return True
+    event = job.Event.ERROR if random.random() < s.fail_rate else job.Event.FINISH
+    async with conn.transaction():
+        done = await job.atransition(conn, row.id, event, expected_version=version, actor=name,
+                                     payload={"worker": name})  # fmt: skip
+    if done is None:
+        pool.say(name, f"lost {row.id} at the end (reclaimed)")
+    else:
+        if event is job.Event.FINISH:
+            pool.finished.append(row.id)
+        pool.say(name, f"{'finished' if event is job.Event.FINISH else 'error on'} {row.id}")
+    return True
+
+
+async def worker(pool: Pool, name: str, pid: list[int], stop: asyncio.Event) -> None:
+    try:
+        async with await pool.connect() as conn:
+            pid.append(conn.info.backend_pid)
+            while not stop.is_set():
+                if not await work_one(pool, conn, name):
+                    await asyncio.sleep(0.05)  # nothing queued
+    except asyncio.CancelledError:
+        pool.dead.add(name)
+        pool.say(name, "cancelled")
+        raise
+    except psycopg.Error as error:  # its connection was closed under it
+        pool.dead.add(name)
+        pool.say(name, f"died: {type(error).__name__}")
+    finally:
+        pool.live.pop(name, None)
+
+
+def spawn(pool: Pool, stop: asyncio.Event) -> None:
+    """Start workers until the pool is full again (a dead one is replaced)."""
+    while len(pool.live) < pool.settings.workers:
+        pool.incarnations += 1
+        name = f"worker-{pool.incarnations}"
+        pid: list[int] = []
+        pool.live[name] = (asyncio.create_task(worker(pool, name, pid, stop)), pid)
+
+
+async def supervise(pool: Pool, conn: psycopg.AsyncConnection[Any]) -> None:
+    """One round: reclaim stale leases, retry or abandon failed jobs, purge old ones."""
+    s = pool.settings
+    async with conn.transaction():
+        for row_id in await job.areclaim(conn, older_than=s.lease, actor="supervisor"):
+            pool.say("supervisor", f"reclaimed {row_id} (stale heartbeat)")
+    async with conn.transaction():
+        failed = await (await conn.execute(
+            "SELECT j.id, j.state_version, (SELECT count(*) FROM job_events AS e"
+            " WHERE e.job_id = j.id AND e.event = 'error')"
+            " FROM jobs AS j WHERE j.state = 'failed' ORDER BY j.entered_at LIMIT 100")).fetchall()  # fmt: skip
+        for row_id, version, failures in failed:
+            event = job.Event.ABANDON if failures >= s.max_tries else job.Event.RETRY
+            if await job.atransition(conn, row_id, event, expected_version=version, actor="supervisor"):
+                pool.say("supervisor", f"{event.value} {row_id} after {failures} failure(s)")
+    async with conn.transaction():
+        purged = await job.apurge(conn, older_than=s.keep, limit=1000)
+    if purged:
+        pool.say("supervisor", f"purged {purged} old terminal job(s)")
+
+
+async def chaos(pool: Pool, admin: psycopg.AsyncConnection[Any], stop: asyncio.Event) -> None:
+    """Kill a random worker now and then: cancel its task, or terminate its backend."""
+    while not stop.is_set():
+        await asyncio.sleep(random.uniform(0, 2 * pool.settings.chaos))
+        if not pool.live:
+            continue
+        name = random.choice(sorted(pool.live))
+        task, pid = pool.live[name]
+        if random.random() < 0.5 or not pid:
+            task.cancel()
+        else:
+            pool.dead.add(name)  # before the kill: its job may be reclaimed at once
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid[0],))
+            pool.say("chaos", f"terminated the connection of {name}")
+
+
+async def remaining(conn: psycopg.AsyncConnection[Any]) -> int:
+    async with conn.transaction():
+        row = await (await conn.execute(
+            "SELECT count(*) FROM jobs WHERE state <> ALL (%s)",
+            ([s.value for s in job.TERMINAL],))).fetchone()  # fmt: skip
+    assert row is not None
+    return int(row[0])
+
+
+async def run(connect: Connect, jobs: int, settings: Settings,
+              admin: Connect | None = None) -> Pool:  # fmt: skip
+    """Enqueue `jobs`, run the pool and the supervisor until every job is terminal."""
+    pool = Pool(settings, connect)
+    stop = asyncio.Event()
+    async with await connect() as conn:
+        async with conn.transaction():
+            async with conn.cursor() as cur:
+                await cur.executemany("INSERT INTO jobs DEFAULT VALUES", [()] * jobs)
+        pool.say("relayd", f"enqueued {jobs} jobs; {settings.workers} workers")
+        killer = None
+        if settings.chaos:
+            admin_conn = await (admin or connect)()
+            await admin_conn.set_autocommit(True)
+            killer = asyncio.create_task(chaos(pool, admin_conn, stop))
+        try:
+            while await remaining(conn):
+                spawn(pool, stop)
+                await supervise(pool, conn)
+                await asyncio.sleep(0.2)
+        finally:
+            stop.set()
+            if killer is not None:
+                killer.cancel()
+                await asyncio.gather(killer, return_exceptions=True)
+                await admin_conn.close()
+            tasks = [t for t, _ in pool.live.values()]
+            await asyncio.gather(*tasks, return_exceptions=True)
+    pool.say("relayd", f"all {jobs} jobs terminal; {len(pool.dead)} worker(s) died on the way")
+    return pool
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--schema", default="relayd")
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--fail-rate", type=float, default=0.2)
+    parser.add_argument("--max-tries", type=int, default=3)
+    parser.add_argument("--chaos", type=float, default=0.0, help="seconds between kills (0: none)")
+    args = parser.parse_args(argv)
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (args.schema,)).fetchone()
+        if not exists:
+            print(f"creating schema {args.schema} from {GENERATED / 'job.sql'}")
+            with conn.transaction():
+                conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(args.schema)))
+                conn.execute(psycopg.sql.SQL("SET LOCAL search_path = {}").format(
+                    psycopg.sql.Identifier(args.schema)))  # fmt: skip
+                conn.execute((GENERATED / "job.sql").read_bytes())
+
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(args.dsn, options=f"-c search_path={args.schema}")
+
+    settings = Settings(workers=args.workers, fail_rate=args.fail_rate, max_tries=args.max_tries,
+                        chaos=args.chaos)  # fmt: skip
+    asyncio.run(run(connect, args.jobs, settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

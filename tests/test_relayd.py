@@ -1,0 +1,86 @@
+"""The relayd example (examples/relayd/) under chaos (issue 11): hundreds of jobs,
+workers killed at random moments (tasks cancelled, connections terminated
+mid-transaction), and still every job ends terminal, none is finished twice, every
+reclaim took a dead worker's job, every history replays, nothing is left locked.
+
+Workers connect as the application role (the README's grants); the chaos monkey as
+the superuser, who may terminate their backends."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import ROOT
+from tests.pg_scratch import Scratch, machine_of
+
+
+@pytest.fixture
+def db(pg_dsn: str) -> Iterator[Scratch]:
+    scratch = Scratch.create(pg_dsn, machine_of("job"))
+    yield scratch
+    scratch.drop()
+
+
+def relayd() -> Any:
+    spec = importlib.util.spec_from_file_location("relayd", ROOT / "examples" / "relayd" / "relayd.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["relayd"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_relayd_under_chaos_loses_nothing_and_does_nothing_twice(db: Scratch) -> None:
+    r = relayd()
+    options = f"-c search_path={db.schema} -c lock_timeout=10s"
+
+    async def app() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(db.dsn, user=db.app_role, options=options)
+
+    async def admin() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(db.dsn, options=options)
+
+    settings = r.Settings(workers=8, lease=timedelta(seconds=3), beat=0.1, work=(0.0, 0.05),
+                          fail_rate=0.15, max_tries=2, keep=timedelta(days=1), chaos=0.15,
+                          quiet=True)  # fmt: skip
+    pool = asyncio.run(asyncio.wait_for(r.run(app, 300, settings, admin=admin), timeout=120))
+    assert pool.dead, "the chaos killed no worker: the test proved nothing"
+
+    with db.connect() as conn:
+        states = dict(conn.execute(db.q("SELECT state, count(*) FROM {table} GROUP BY 1")).fetchall())
+        assert sum(states.values()) == 300
+        assert set(states) <= {"completed", "abandoned"}, states
+        finishers = dict(conn.execute(
+            db.q("SELECT {id_col}, actor FROM {events} WHERE event = 'finish'")).fetchall())  # fmt: skip
+        finishes = Counter(r[0] for r in conn.execute(
+            db.q("SELECT {id_col} FROM {events} WHERE event = 'finish'")).fetchall())  # fmt: skip
+        assert finishes and max(finishes.values()) == 1
+        assert sum(finishes.values()) == states.get("completed", 0)
+        # Every finish a worker saw happened once; one it did not see was committed by a
+        # worker killed before it heard back (the commit's reply lost with it).
+        assert Counter(pool.finished) <= finishes
+        assert {finishers[j] for j in set(finishes) - set(pool.finished)} <= pool.dead
+        # Every reclaim took the job of a worker that had died: the actor of the claim
+        # that put the job in the lease is one the chaos killed.
+        reclaims = conn.execute(db.q(
+            "SELECT r.{id_col}, (SELECT c.actor FROM {events} AS c WHERE c.{id_col} = r.{id_col}"
+            "   AND c.version < r.version AND c.event = 'claim' ORDER BY c.version DESC LIMIT 1)"
+            " FROM {events} AS r WHERE r.event = 'reclaim'")).fetchall()  # fmt: skip
+        assert reclaims, "no job was ever reclaimed: the test proved nothing"
+        assert {actor for _id, actor in reclaims} <= pool.dead
+        assert db.replay_problems(conn) == []
+        conn.commit()
+        # Nothing left locked: every row can be locked at once, without waiting.
+        got = conn.execute(db.q("SELECT count(*) FROM (SELECT id FROM {table}"
+                                " FOR UPDATE SKIP LOCKED) AS l")).fetchone()  # fmt: skip
+        assert got == (300,)
+        conn.rollback()

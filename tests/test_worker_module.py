@@ -1,0 +1,198 @@
+"""The generated module's worker side (contract 4.1, issue 11): `get`, `claim`, `purge`,
+`heartbeat`, `reclaim` and their asyncio twins, `UnknownRow`, SQLSTATEs found through
+`__cause__`, and mypy telling a sync connection from an async one.
+
+The database tests play the application (`Scratch.connect()`: the README's grants)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import psycopg
+import pytest
+
+from fsmc.targets import generate
+from fsmc.targets.common import Paths
+from tests.pg_scratch import Scratch, machine_of, module_of
+
+
+@pytest.fixture
+def db(pg_dsn: str) -> Iterator[Scratch]:
+    scratch = Scratch.create(pg_dsn, machine_of("job"))
+    yield scratch
+    scratch.drop()
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> ModuleType:
+    return module_of(machine_of("job"), tmp_path)
+
+
+def test_the_sync_functions_run_a_job_in_the_callers_transaction(db: Scratch, job: ModuleType) -> None:
+    with db.connect() as conn:
+        ids = [db.new_row(conn) for _ in range(3)]
+        conn.commit()
+        assert job.get(conn, ids[0]) == job.Job(ids[0], job.State.QUEUED, 0)
+        got = job.claim(conn, "claim", actor="w1", limit=2)
+        assert got == [job.Job(ids[0], job.State.CLAIMED, 1), job.Job(ids[1], job.State.CLAIMED, 1)]
+        conn.rollback()  # never committed: the rollback undoes it
+        assert job.get(conn, ids[0]).state is job.State.QUEUED
+        (first,) = job.claim(conn, job.Event.CLAIM, actor="w1")
+        assert job.heartbeat(conn, first.id, expected_version=1) is True
+        assert job.heartbeat(conn, first.id, expected_version=0) is False
+        assert job.transition(conn, first.id, "start", expected_version=1, actor="w1") == 2
+        conn.commit()
+        assert job.reclaim(conn, older_than=timedelta(hours=1), actor="sup") == []
+        with db.owner() as owner:  # the worker died an hour ago
+            owner.execute(db.q("UPDATE {table} SET heartbeat_at = now() - interval '2 hours'"))
+            owner.commit()
+        assert job.reclaim(conn, older_than=timedelta(minutes=1), actor="sup") == [first.id]
+        assert job.get(conn, first.id) == job.Job(first.id, job.State.QUEUED, 3)
+        assert job.purge(conn, older_than=timedelta(0), limit=10) == 0
+        conn.commit()
+        assert job.get(conn, ids[0] if ids[0] != first.id else ids[1]) is not None
+
+
+def test_an_unknown_id_is_unknown_row_and_a_missing_one_is_none(db: Scratch, job: ModuleType) -> None:
+    missing = __import__("uuid").uuid4()
+    with db.connect() as conn:
+        assert job.get(conn, missing) is None
+        with pytest.raises(job.UnknownRow) as caught:
+            job.transition(conn, missing, "claim", expected_version=0, actor="w")
+        assert isinstance(caught.value, LookupError) and caught.value.id == missing
+        assert getattr(caught.value.__cause__, "sqlstate", None) == "23F03"
+        conn.rollback()
+        with pytest.raises(job.UnknownRow):
+            job.heartbeat(conn, missing, expected_version=0)
+
+
+class WrappedError(Exception):
+    """An error as Django raises it: its own class, the driver's error as __cause__."""
+
+
+class WrappingCursor:
+    """A cursor as Django's wrapper is: every driver error re-raised as its own."""
+
+    def __init__(self, cursor: Any) -> None:
+        self.inner = cursor
+
+    def execute(self, query: Any, params: Any = None) -> object:
+        try:
+            return self.inner.execute(query, params)
+        except psycopg.Error as error:
+            raise WrappedError(str(error)) from error
+
+    def fetchone(self) -> Any:
+        return self.inner.fetchone()
+
+    def fetchall(self) -> Any:
+        return self.inner.fetchall()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class WrappingConnection:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def cursor(self) -> WrappingCursor:
+        return WrappingCursor(self.conn.cursor())
+
+
+def test_the_sqlstate_is_found_on_the_wrapped_error(db: Scratch, job: ModuleType) -> None:
+    with db.connect() as raw:
+        row_id = db.new_row(raw)
+        raw.commit()
+        conn = WrappingConnection(raw)
+        with pytest.raises(job.IllegalTransition) as caught:
+            job.transition(conn, row_id, "finish", expected_version=0, actor="w")
+        assert caught.value.state is job.State.QUEUED and caught.value.event is job.Event.FINISH
+        assert isinstance(caught.value.__cause__, WrappedError)
+        raw.rollback()
+        with pytest.raises(job.UnknownRow):
+            job.transition(conn, __import__("uuid").uuid4(), "claim", expected_version=0, actor="w")
+
+
+def test_the_async_twins_do_what_the_sync_functions_do(db: Scratch, job: ModuleType) -> None:
+    async def run() -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            db.dsn, user=db.app_role, options=f"-c search_path={db.schema}")  # fmt: skip
+        try:
+            cur = await conn.execute(db.q("INSERT INTO {table} DEFAULT VALUES RETURNING id"))
+            (row_id,) = await cur.fetchone()  # type: ignore[misc]
+            assert await job.aget(conn, row_id) == job.Job(row_id, job.State.QUEUED, 0)
+            (claimed,) = await job.aclaim(conn, "claim", actor="aw")
+            assert claimed == job.Job(row_id, job.State.CLAIMED, 1)
+            assert await job.aheartbeat(conn, row_id, expected_version=1) is True
+            assert await job.atransition(conn, row_id, "start", expected_version=1, actor="aw") == 2
+            assert await job.atransition(conn, row_id, "start", expected_version=1, actor="aw") is None
+            assert await job.areclaim(conn, older_than=timedelta(hours=1), actor="s") == []
+            assert await job.atransition(conn, row_id, "finish", expected_version=2, actor="aw") == 3
+            await conn.commit()
+            with pytest.raises(job.IllegalTransition):
+                await job.atransition(conn, row_id, "start", expected_version=3, actor="aw")
+            await conn.rollback()
+            # Finished in an earlier transaction: older than zero.
+            assert await job.apurge(conn, older_than=timedelta(0), limit=5) == 1
+            assert await job.aget(conn, row_id) is None
+            await conn.commit()
+            with pytest.raises(job.UnknownRow):
+                await job.aheartbeat(conn, __import__("uuid").uuid4(), expected_version=0)
+            await conn.rollback()
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+MISUSE = """\
+import uuid
+from typing import Any
+
+import psycopg
+
+import fsm_job
+
+def sync_given_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    fsm_job.get(conn, uuid.UUID(int=1))  # type: ignore[arg-type]
+
+
+async def async_given_sync(conn: psycopg.Connection[Any]) -> None:
+    await fsm_job.aget(conn, uuid.UUID(int=1))  # type: ignore[arg-type]
+
+
+def right(conn: psycopg.Connection[Any], aconn: psycopg.AsyncConnection[Any]) -> None:
+    fsm_job.claim(conn, "claim", actor="w")
+    fsm_job.aclaim(aconn, "claim", actor="w").close()
+"""
+
+
+def test_mypy_tells_a_sync_connection_from_an_async_one(tmp_path: Path) -> None:
+    """Each misuse carries an `ignore[arg-type]`: mypy with --warn-unused-ignores
+    reports an unused ignore if it accepted the call, and the right calls pass."""
+    machine = machine_of("job")
+    (tmp_path / "fsm_job.py").write_text(generate(machine).files[Paths.of(machine).module])
+    # Once with the ignores (must pass: both misuses are errors, the right calls are
+    # not) and once without (exactly the two misuses fail).
+    (tmp_path / "use.py").write_text(MISUSE)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "fsm_job.py").write_text((tmp_path / "fsm_job.py").read_text())
+    (bare / "use.py").write_text(MISUSE.replace("  # type: ignore[arg-type]", ""))
+    for folder, expected in ((tmp_path, 0), (bare, 2)):
+        ran = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--warn-unused-ignores",
+                              "--no-incremental", "--cache-dir", str(folder / ".mypy_cache"),
+                              str(folder / "use.py")], cwd=folder, capture_output=True, text=True)  # fmt: skip
+        errors = [line for line in ran.stdout.splitlines() if ": error:" in line]
+        assert len(errors) == expected, ran.stdout
+        if expected:
+            misuses = {str(n) for n, line in enumerate(MISUSE.splitlines(), 1) if "ignore" in line}
+            assert {e.split(":")[1] for e in errors} == misuses, ran.stdout
