@@ -424,7 +424,7 @@ def validate(m: Machine, *, earlier: Iterable[Diagnostic] = ()) -> list[Diagnost
     """
     found = [d for rule in REFERENCE_RULES for d in rule(m)]
     blocked = any(d.blocks_graph for d in (*earlier, *found))
-    if not blocked and m.initial is not None:
+    if not blocked and m.initial is not None and str(m.initial) in m.state_names:
         graph = graph_of(m)
         found += [d for rule in GRAPH_RULES for d in rule(m, graph)]
     return found

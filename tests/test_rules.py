@@ -438,3 +438,13 @@ def test_a_wildcard_in_a_to_or_except_list_is_one_diagnostic() -> None:
 
 def test_an_infinite_cap_is_one_diagnostic() -> None:
     assert_only("schema", BASE + "caps: {start: @.inf}\n", "expected an integer, got number inf")
+
+
+@pytest.mark.parametrize("states", ["{}", "[]"])
+def test_no_states_is_a_schema_error_not_a_crash(states: str) -> None:
+    # Found by hypothesis: `states: {}` with an initial state crashed the graph rules.
+    text = ("fsmc: 1\nmachine: m\ninitial: a\nstates: " + states
+            + "\nterminals: [a]\nevents: {a: null}\ntransitions: []\n")  # fmt: skip
+    result = check(Source("spec.yaml", "spec.yaml", text.encode()))
+    assert [(d.code, d.line, d.col) for d in result.diagnostics] == [("schema", 4, 9)]
+    assert "must not be empty" in result.diagnostics[0].message
