@@ -8,7 +8,10 @@ pass with the database part silently skipped.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -71,3 +74,24 @@ def fsmc(capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
         return Ran(code, captured.out, captured.err)
 
     return run
+
+
+# The job machine's scratch database and generated module, for the tests of the
+# worker's side (a test module that needs another machine defines its own `db`).
+# pg_scratch imports this module, so it is imported here only when used.
+
+
+@pytest.fixture
+def db(pg_dsn: str) -> Iterator[Any]:
+    from tests.pg_scratch import Scratch, machine_of
+
+    scratch = Scratch.create(pg_dsn, machine_of("job"))
+    yield scratch
+    scratch.drop()
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> ModuleType:
+    from tests.pg_scratch import machine_of, module_of
+
+    return module_of(machine_of("job"), tmp_path)

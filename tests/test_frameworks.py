@@ -8,8 +8,6 @@ the schema's owner."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -19,21 +17,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from fsmc.migrate import migrate
 from tests.conftest import ROOT
-from tests.pg_scratch import Scratch, machine_from_text, machine_of, module_of
+from tests.pg_scratch import Scratch, machine_from_text
 
 CASES = ROOT / "tests" / "migrate_cases"
-
-
-@pytest.fixture
-def db(pg_dsn: str) -> Iterator[Scratch]:
-    scratch = Scratch.create(pg_dsn, machine_of("job"))
-    yield scratch
-    scratch.drop()
-
-
-@pytest.fixture
-def job(tmp_path: Path) -> ModuleType:
-    return module_of(machine_of("job"), tmp_path)
 
 
 def sqlalchemy_url(db: Scratch, role: str) -> Any:

@@ -12,22 +12,13 @@ import asyncio
 import importlib.util
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import psycopg
-import pytest
 
 from tests.conftest import ROOT
-from tests.pg_scratch import Scratch, machine_of
-
-
-@pytest.fixture
-def db(pg_dsn: str) -> Iterator[Scratch]:
-    scratch = Scratch.create(pg_dsn, machine_of("job"))
-    yield scratch
-    scratch.drop()
+from tests.pg_scratch import Scratch
 
 
 def relayd() -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -20,19 +19,7 @@ import pytest
 
 from fsmc.targets import generate
 from fsmc.targets.common import Paths
-from tests.pg_scratch import Scratch, machine_of, module_of
-
-
-@pytest.fixture
-def db(pg_dsn: str) -> Iterator[Scratch]:
-    scratch = Scratch.create(pg_dsn, machine_of("job"))
-    yield scratch
-    scratch.drop()
-
-
-@pytest.fixture
-def job(tmp_path: Path) -> ModuleType:
-    return module_of(machine_of("job"), tmp_path)
+from tests.pg_scratch import Scratch, machine_of
 
 
 def test_the_sync_functions_run_a_job_in_the_callers_transaction(db: Scratch, job: ModuleType) -> None:

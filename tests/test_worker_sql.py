@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,13 +17,6 @@ import psycopg
 import pytest
 
 from tests.pg_scratch import Scratch, machine_of, path_to
-
-
-@pytest.fixture
-def db(pg_dsn: str) -> Iterator[Scratch]:
-    scratch = Scratch.create(pg_dsn, machine_of("job"))
-    yield scratch
-    scratch.drop()
 
 
 def sqlstate(error: BaseException) -> str | None:
