@@ -380,6 +380,9 @@ class MigrateContext:
     digest_signature: str
     format_signature: str
     format_upgrade: list[str]  # what format 2 added, under OLD's names (format_upgrade)
+    format3_dropped: str  # format 2's `_apply`, without to_state (its signature)
+    writer_functions: str  # the SECURITY DEFINER functions NEW has, comma-separated
+    apply_signature: str  # NEW's `_apply`, as regprocedure reads it
     digest_query: str
     removed_states: str | None  # a text[] literal
     renames: Renames
@@ -432,6 +435,9 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         digest_signature=f"{names.digest}()",
         format_signature=f"{names.format}()",
         format_upgrade=format_upgrade(old_schema, Names.of(old)),
+        format3_dropped=f"{Names.of(old).apply}({sql_target.ID_COLUMNS[old.postgres.id_type][0]}, text, bigint, text, jsonb)",
+        apply_signature=next(f.key for f in new_schema.functions if f.name == names.apply),
+        writer_functions=", ".join(sql_target.callable_functions(new)),
         digest_query=f"SELECT {names.digest}()",
         removed_states=sql_text_array(removed_states) if removed_states else None,
         renames=Renames.of(old, new, old_schema),
@@ -440,5 +446,5 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         plan=plan(changes_from, changes_to),
         digest_function=digest.create(or_replace=True),
         # CREATE OR REPLACE drops a function's settings: pin every function again.
-        pin=sql_target.pin_search_path(new_schema.function_names()),
+        pin=sql_target.writer_setup(new) + "\n\n" + sql_target.pin_search_path(new_schema.function_names()),
     )

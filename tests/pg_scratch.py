@@ -49,7 +49,22 @@ APP_GRANTS = """\
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT, INSERT, UPDATE ON {table} TO {role};
 GRANT SELECT, INSERT ON {events} TO {role};
-GRANT SELECT ON {intervals} TO {role};"""
+GRANT SELECT ON {intervals} TO {role};
+GRANT EXECUTE ON FUNCTION {functions} TO {role};"""
+
+
+def ensure_writer(admin: psycopg.Connection[Any], machine: Machine, owner: str) -> None:
+    """The machine's writer role (cluster-wide, shared by every scratch schema of the
+    machine), made once by the superuser and granted to `owner`: an owner without
+    CREATEROLE, as the README's second install path has it. Serialized by an advisory
+    lock, since two test processes may make it at once."""
+    writer = sql_target.Names.of(machine).writer
+    with admin.transaction():
+        admin.execute("SELECT pg_advisory_xact_lock(hashtext('fsmc writer roles'))")
+        exists = admin.execute("SELECT FROM pg_roles WHERE rolname = %s", (writer,)).fetchone()
+        if exists is None:
+            admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(writer)))
+        admin.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(writer), sql.Identifier(owner)))
 
 
 def machine_of(name: str) -> Machine:
@@ -84,6 +99,7 @@ class Scratch:
                               .format(sql.Identifier(role)))  # fmt: skip
             admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
                 sql.Identifier(scratch.schema), sql.Identifier(scratch.role)))  # fmt: skip
+            ensure_writer(admin, machine, scratch.role)
         try:
             with scratch.owner() as owner:
                 row = owner.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
@@ -100,9 +116,11 @@ class Scratch:
     def grants(self) -> bytes:
         """APP_GRANTS for this schema's tables and the application role."""
         n = self.names
+        functions = [n.apply, n.claim, n.purge] + ([n.reclaim] if self.machine.lease else [])
         return APP_GRANTS.format(schema=sql.Identifier(self.schema).as_string(),
                                  role=sql.Identifier(self.app_role).as_string(),
-                                 table=n.table, events=n.events_table, intervals=n.intervals).encode()  # fmt: skip
+                                 table=n.table, events=n.events_table, intervals=n.intervals,
+                                 functions=", ".join(functions)).encode()  # fmt: skip
 
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         """A connection as the application role, search_path = the scratch schema. A

@@ -808,7 +808,7 @@ def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> Non
     jobs = mid.tables[0]
     view = View("job_intervals", "SELECT id FROM jobs")
     mid = dataclasses.replace(mid, views=(view, View("job_old_view", "SELECT 1 AS one")))
-    new_apply = dataclasses.replace(apply, parameters=(*apply.parameters, Parameter("to_state", "text", "NULL")))
+    new_apply = dataclasses.replace(apply, parameters=(*apply.parameters, Parameter("note", "text", "NULL")))
     new_digest = dataclasses.replace(digest, returns="varchar")
     new_jobs = dataclasses.replace(jobs, columns=(
         *(dataclasses.replace(c, default="'claimed'") if c.name == "state" else c for c in jobs.columns),
@@ -827,8 +827,8 @@ def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> Non
     assert p.drop_views_first == ["job_intervals"] and p.drop_views == ["job_old_view"]
     assert p.views == ["CREATE OR REPLACE VIEW job_intervals AS\nSELECT id, state FROM jobs;"]
     assert p.drop_functions_first == ["job_fsmc_digest()"]  # CREATE OR REPLACE cannot change a result type
-    assert p.drop_functions == ["job_apply(uuid, text, bigint, text, jsonb)", "job_guard_insert()"]
-    assert any(f.startswith("CREATE OR REPLACE FUNCTION job_apply(") and "to_state text DEFAULT NULL" in f
+    assert p.drop_functions == ["job_apply(uuid, text, bigint, text, jsonb, text)", "job_guard_insert()"]
+    assert any(f.startswith("CREATE OR REPLACE FUNCTION job_apply(") and "note text DEFAULT NULL" in f
                for f in p.functions)  # fmt: skip
     assert plan(mid, mid).drop_functions_first == plan(mid, mid).drop_functions == []
     retyped = dataclasses.replace(mid, tables=(dataclasses.replace(jobs, columns=tuple(

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from fsmc.migrate import migrate
-from fsmc.targets.sql import Names
+from fsmc.targets.sql import SCHEMA_FORMAT, Names
 from tests.conftest import ROOT
 from tests.pg_scratch import Scratch
 from tests.test_migrate import (
@@ -67,7 +67,7 @@ def test_a_format_1_database_is_brought_to_the_current_format_by_the_migration(p
         with db.owner() as owner:
             owner.execute(f"GRANT SELECT ON {Names.of(new).intervals} TO {db.app_role}".encode())
             owner.commit()
-            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (2,)
+            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (SCHEMA_FORMAT,)
         with db.connect() as app:
             entered = dict(app.execute(db.q("SELECT id, entered_at FROM {table}")).fetchall())
             for row_id in moved:
@@ -92,4 +92,4 @@ def test_a_current_database_runs_the_same_script_without_the_format_step(pg_dsn:
         with built(pg_dsn, new) as fresh:
             assert catalog(db).objects == catalog(fresh).objects
         with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
-            assert conn.execute("SELECT job_fsmc_format()").fetchone() == (2,)
+            assert conn.execute("SELECT job_fsmc_format()").fetchone() == (SCHEMA_FORMAT,)

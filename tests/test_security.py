@@ -42,6 +42,7 @@ from tests.pg_scratch import (
     SPEC_NAMES,
     TIMEOUTS,
     Scratch,
+    ensure_writer,
     machine_of,
     module_of,
     path_to,
@@ -264,6 +265,7 @@ def test_a_format_overload_in_public_is_never_called(pg_dsn: str, name: str, tmp
             admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
             sql.Identifier(database), sql.Identifier(owner)))  # fmt: skip
+        ensure_writer(admin, machine, owner)
     dsn = make_conninfo(pg_dsn, dbname=database)
     try:
         with psycopg.connect(dsn, autocommit=True) as su:

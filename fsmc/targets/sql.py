@@ -88,14 +88,16 @@ from fsmc.targets.pgschema import (
     Table,
     Trigger,
     View,
+    unquote,
 )
 from fsmc.templating import environment, render
 
 # The id column per id_type: (type, default, identity).
 # The shape of the schema this fsmc builds, recorded by `<machine>_fsmc_format()`.
-# 1: before it existed (no created_at/entered_at, claim, purge, intervals); 2: with them.
+# 1: before it existed (no created_at/entered_at, claim, purge, intervals); 2: with them;
+# 3: the writer role owns the moving functions, and `_apply` takes `to_state`.
 # `fsmc migrate` brings a database of an older format to this one first.
-SCHEMA_FORMAT = 2
+SCHEMA_FORMAT = 3
 
 ID_COLUMNS = {
     "uuid": ("uuid", "pg_catalog.gen_random_uuid()", False),
@@ -135,6 +137,7 @@ class Names:
     events_fkey: str
     triple_check: str
     version_check: str
+    writer: str  # the NOLOGIN role that owns the functions moving rows (unquoted: a role)
 
     @staticmethod
     def of(machine: Machine) -> Names:
@@ -173,6 +176,7 @@ class Names:
             events_fkey=sql_ident(sql_name(events, "fkey")),
             triple_check=sql_ident(sql_name(events, "transition_check")),
             version_check=sql_ident(sql_name(events, "version_check")),
+            writer=sql_name(m, "fsmc_writer"),
         )
 
 
@@ -208,9 +212,99 @@ END
 $fsmc$;"""
 
 
+def writer_functions(machine: Machine) -> list[str]:
+    """The functions the writer role owns: those that move rows (names as SQL spells them)."""
+    n = Names.of(machine)
+    return [n.apply, n.claim] + ([n.reclaim] if machine.lease else [])
+
+
+def callable_functions(machine: Machine) -> list[str]:
+    """The SECURITY DEFINER functions an application calls: EXECUTE on them is granted,
+    never PUBLIC's (the writer's, and purge, which the owner keeps)."""
+    return [*writer_functions(machine), Names.of(machine).purge]
+
+
+def writer_setup(machine: Machine) -> str:
+    """The statement that gives the functions moving rows to the machine's writer role.
+
+    The role (`Names.writer`) is NOLOGIN and cluster-wide: it is created here when the
+    installer may create roles, and must otherwise exist, granted to the installer
+    (the error says what to run). A role that can log in, is a superuser or bypasses
+    row security is refused: whoever became it would write past every check. The role
+    gets what the functions need on this schema (and CREATE on it, which PostgreSQL
+    asks of a function's owner), then owns them; EXECUTE on every SECURITY DEFINER
+    function is taken from PUBLIC, so only roles granted it can move rows (the
+    README's grants). `fsmc migrate` runs it again after replacing functions."""
+    owned, definers = [unquote(f) for f in writer_functions(machine)], [unquote(f) for f in callable_functions(machine)]
+    n = Names.of(machine)
+    pg_array = lambda names: sql_text_array(names).replace("::text[]", "::pg_catalog.text[]")  # noqa: E731
+    return f"""\
+-- The writer role owns the functions that move rows (created if the installer may
+-- create roles; otherwise it must exist, NOLOGIN, granted to the installer).
+DO $fsmc$
+DECLARE
+    v_role pg_catalog.text := {sql_str(n.writer)};
+    v_schema pg_catalog.text := pg_catalog.current_schema();
+    v_function record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                       WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = pg_catalog.format('fsmc: role %I does not exist, and %I may not create roles; nothing was changed', v_role, CURRENT_USER),
+                HINT = pg_catalog.format('have an administrator run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I;', v_role, v_role, CURRENT_USER);
+        END IF;
+        BEGIN
+            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;  -- another installation made it meanwhile
+        END;
+        EXECUTE pg_catalog.format('GRANT %I TO %I', v_role, CURRENT_USER);
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role
+               AND (r.rolcanlogin OR r.rolsuper OR r.rolbypassrls)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: role %I can log in, is a superuser or bypasses row security: whoever became it would write rows past every check; nothing was changed', v_role),
+            HINT = pg_catalog.format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS;', v_role);
+    END IF;
+    IF NOT pg_catalog.pg_has_role(CURRENT_USER, v_role, 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: %I is not a member of role %I, so it cannot give it the functions; nothing was changed', CURRENT_USER, v_role),
+            HINT = pg_catalog.format('have an administrator run: GRANT %I TO %I;', v_role, CURRENT_USER);
+    END IF;
+    EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, {sql_str(unquote(n.table))}, v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, {sql_str(unquote(n.events_table))}, v_role);
+    FOR v_function IN
+        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({pg_array(definers)})
+    LOOP
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({pg_array(owned)}) THEN
+            EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
+                                      v_schema, v_function.proname, v_function.args, v_role);
+        END IF;
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                  v_schema, v_function.proname, v_function.args);
+    END LOOP;
+END
+$fsmc$;"""
+
+
 def function_names(machine: Machine) -> list[str]:
     """Every function the file creates, trigger functions included (names unquoted)."""
     return schema(machine).function_names()
+
+
+def count_column(event: str) -> str:
+    """The column counting a capped event's firings: `<event>_count`."""
+    return sql_ident(sql_name(event, "count"))
+
+
+def count_check(machine: Machine, event: str) -> str:
+    """The CHECK that keeps a capped event's count within 0..cap."""
+    return sql_ident(sql_name(str(machine.postgres.table), event, "count_check"))
 
 
 def id_column(machine: Machine) -> str:
@@ -260,18 +354,6 @@ def claim_assignments(change: str, actor: str, row: str = "") -> list[str]:
     return out
 
 
-def change_expression(from_held: str, to_held: str) -> str:
-    """The SQL expression of `facts.change_of` over two boolean expressions."""
-
-    def lit(f: bool, t: bool) -> str:
-        return sql_str(facts.change_of(f, t).value)
-
-    return (
-        f"CASE WHEN {from_held} THEN CASE WHEN {to_held} THEN {lit(True, True)} ELSE {lit(True, False)} END"
-        f" WHEN {to_held} THEN {lit(False, True)} ELSE {lit(False, False)} END"
-    )
-
-
 # --- typed template contexts ---------------------------------------------------------
 
 
@@ -283,21 +365,32 @@ class Codes:
     bypass: str = sqlstate.BYPASS_WRITE
     unlogged: str = sqlstate.UNLOGGED_CHANGE
     append_only: str = sqlstate.APPEND_ONLY
+    cap_reached: str = sqlstate.CAP_REACHED
 
 
 @dataclass(frozen=True)
 class LeaseContext:
     reclaim: str
     in_lease: str  # t.state in a lease state
-    apply_change: str  # the facts.Change of _apply's move, from v_state and v_to
     apply_claims: list[str]  # _apply's claim assignments
     reclaim_claims: list[str]  # _reclaim's claim assignments
     moves: list[tuple[str, str, str]]  # (lease state, target, change) of the reclaim event
 
 
 @dataclass(frozen=True)
+class CapContext:
+    event: str
+    column: str  # `<event>_count`, unquoted (names are [a-z0-9_])
+    limit: int
+    pair_declared: str  # (OLD.state, NEW.state) is one of the event's edges
+
+
+@dataclass(frozen=True)
 class ClaimContext:
-    edges: list[tuple[str, str, str, str]]  # (from, event, to, change) of every edge
+    # (from, event, to, change, single) of every edge: `single` (an SQL boolean) is
+    # true where the pair has one target, which a NULL to_state picks; a choice's
+    # targets need to_state.
+    edges: list[tuple[str, str, str, str, str]]
     claims: list[str]  # claim's claim assignments (with a lease)
     # Claimable: where a row waits for a worker (neither terminal nor under a lease;
     # the lease states have their own index, which reclaim must keep using). The same
@@ -321,7 +414,7 @@ class BodyContext:
     machine: str
     n: Names
     initial: str
-    by_state: list[tuple[str, list[tuple[str, str]]]]
+    by_state: list[tuple[str, list[tuple[str, str]]]]  # (state, [(event, its targets as text[])])
     event_declared: str
     state_terminal: str
     new_state_declared: str
@@ -333,6 +426,7 @@ class BodyContext:
     id_type: str
     claiming: ClaimContext  # not `claim`: the macros are named after the functions
     purging: PurgeContext
+    caps: list[CapContext]
 
 
 @dataclass(frozen=True)
@@ -363,8 +457,7 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
         lease = LeaseContext(
             reclaim=str(m.lease.reclaim),
             in_lease=sql_in("t.state", held),
-            apply_change=change_expression(sql_in("v_state", held), sql_in("v_to", held)),
-            apply_claims=claim_assignments("v_lease", f"{names.apply}.actor", "t"),
+            apply_claims=claim_assignments("x.lease", f"{names.apply}.actor", "t"),
             reclaim_claims=claim_assignments("x.lease", f"{names.reclaim}.actor", "t"),
             moves=[(s, t, c.value) for s, t, c in facts.reclaim_moves(m)],
         )
@@ -372,7 +465,10 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
         machine=str(m.name),
         n=names,
         initial=str(m.initial),
-        by_state=facts.by_state(m),
+        by_state=[
+            (source, [(event, sql_text_array(m.targets[source, event])) for event in dict.fromkeys(e for e, _ in moves)])
+            for source, moves in facts.by_state(m)
+        ],
         event_declared=sql_any("v_event", m.event_names),
         state_terminal=sql_any("v_state", facts.terminals(m)),
         new_state_declared=sql_any("NEW.state", m.state_names),
@@ -383,7 +479,10 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
         codes=Codes(),
         id_type=ID_COLUMNS[m.postgres.id_type][0],
         claiming=ClaimContext(
-            edges=[(s, e, t, facts.lease_change(m, s, t).value) for s, e, t in m.edges],
+            edges=[
+                (s, e, t, facts.lease_change(m, s, t).value, "false" if (s, e) in m.choices else "true")
+                for s, e, t in m.edges
+            ],
             claims=claim_assignments("x.lease", f"{names.claim}.actor", "t") if m.lease else [],
             claimable_array=sql_text_array(claimable),
             in_claimable=sql_in("t.state", claimable),
@@ -393,6 +492,18 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
             in_terminal=sql_in("t.state", facts.terminals(m)),
             index_predicate=sql_in("state", facts.terminals(m)),
         ),
+        caps=[
+            CapContext(
+                event=event,
+                column=count_column(event),
+                limit=limit,
+                pair_declared=sql_any(
+                    "(OLD.state || ' ' || NEW.state)",
+                    dict.fromkeys(joined(s, t) for s, e, t in m.edges if e == event),
+                ),
+            )
+            for event, limit in m.cap_limits.items()
+        ],
     )
 
 
@@ -432,8 +543,8 @@ _GUARD_UPDATE = (
     "the session, and the spec's lists are the costly part.",
 )
 _GUARD_UPDATE_WHEN = (
-    "WHEN: a write that leaves state and state_version alone (a heartbeat) never",
-    "reaches the function.",
+    "WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)",
+    "never reaches the function, nor does one the writer role's functions make.",
 )
 _CHECK_LOGGED = (
     "Checked at COMMIT, so a transaction may update the row and insert its event row in",
@@ -441,6 +552,14 @@ _CHECK_LOGGED = (
 )
 _STATE_MOVED = "OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version"
 _SEQSCAN_OFF = (("enable_seqscan", "off"),)
+_WRITER = ("SECURITY DEFINER",)
+_WRITER_FUNCTIONS = (
+    "The functions that move rows run as the machine's writer role (SECURITY DEFINER; the",
+    "block at the end of this file creates the role if needed and gives it these functions).",
+    "It is NOLOGIN and granted to no application, so the triggers below can tell these",
+    "functions' writes, which keep to the spec by construction, from everyone else's, and",
+    "skip their checks for them: enforcement then costs these calls almost nothing.",
+)
 _CLAIM_INDEX = (
     "Claim takes the oldest rows of the claimable states and purge the oldest terminal",
     "ones: over a table of mostly finished rows, each scan reads only its own states.",
@@ -492,10 +611,15 @@ def schema(machine: Machine) -> Schema:
             Column("created_at", "timestamptz", not_null=True, default="pg_catalog.now()"),
             Column("entered_at", "timestamptz", not_null=True, default="pg_catalog.now()"),
             *(claim if m.lease else ()),
+            *(Column(cap.column, "integer", not_null=True, default="0") for cap in c.caps),
         ),
         constraints=(
             Constraint(n.table_pkey, "PRIMARY KEY (id)"),
             Constraint.of_check(n.state_check, sql_any("state", m.state_names)),
+            *(
+                Constraint.of_check(count_check(m, cap.event), f"{cap.column} BETWEEN 0 AND {cap.limit}")
+                for cap in c.caps
+            ),
         ),
         options=(("fillfactor", "90"),) if m.lease else (),
     )
@@ -555,8 +679,10 @@ def schema(machine: Machine) -> Schema:
                 Parameter("expected_version", "bigint"),
                 Parameter("actor", "text"),
                 Parameter("payload", "jsonb", "NULL"),
+                Parameter("to_state", "text", "NULL"),
             ),
-            "bigint", "plpgsql", body("apply"), settings=_SEQSCAN_OFF,
+            "bigint", "plpgsql", body("apply"), attributes=_WRITER, settings=_SEQSCAN_OFF,
+            comment=_WRITER_FUNCTIONS,
         ),  # fmt: skip
     ]
     if m.lease is not None:
@@ -564,7 +690,7 @@ def schema(machine: Machine) -> Schema:
             Function(n.heartbeat, (Parameter("id", id_type), Parameter("expected_version", "bigint")),
                      "boolean", "plpgsql", body("heartbeat"), settings=_SEQSCAN_OFF),  # fmt: skip
             Function(n.reclaim, (Parameter("older_than", "interval"), Parameter("actor", "text")),
-                     f"SETOF {id_type}", "plpgsql", body("reclaim")),  # fmt: skip
+                     f"SETOF {id_type}", "plpgsql", body("reclaim"), attributes=_WRITER),  # fmt: skip
         ]
     functions += [
         Function(
@@ -575,7 +701,7 @@ def schema(machine: Machine) -> Schema:
                 Parameter("max_rows", "integer", "1"),
                 Parameter("to_state", "text", "NULL"),
             ),
-            f"TABLE (id {id_type}, state_version bigint)", "plpgsql", body("claim"),
+            f"TABLE (id {id_type}, state_version bigint)", "plpgsql", body("claim"), attributes=_WRITER,
         ),  # fmt: skip
         Function(n.purge, (Parameter("older_than", "interval"), Parameter("max_rows", "integer")),
                  "bigint", "plpgsql", body("purge"), attributes=("SECURITY DEFINER",),
@@ -593,14 +719,25 @@ def schema(machine: Machine) -> Schema:
         Function(n.append_only, (), "trigger", "plpgsql", body("append_only"),
                  attributes=("SECURITY DEFINER",), comment=_APPEND_ONLY),  # fmt: skip
     ]
-    born_elsewhere = f"NEW.state IS DISTINCT FROM {sql_str(str(m.initial))} OR NEW.state_version IS DISTINCT FROM 0"
+    born_elsewhere = " OR ".join(
+        [
+            f"NEW.state IS DISTINCT FROM {sql_str(str(m.initial))}",
+            "NEW.state_version IS DISTINCT FROM 0",
+            *(f"NEW.{cap.column} IS DISTINCT FROM 0" for cap in c.caps),
+        ]
+    )
+    # A trigger's checks are for writes the writer role's functions did not make: those
+    # moved the row along the spec and logged it in the same statement sequence.
+    not_writer = f"CURRENT_USER <> {sql_str(n.writer)}"
+    moved = " OR ".join([_STATE_MOVED, *(f"OLD.{cap.column} IS DISTINCT FROM NEW.{cap.column}" for cap in c.caps)])
     triggers = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
-        Trigger(n.guard_update, n.table, "BEFORE", "UPDATE", n.guard_update, when=_STATE_MOVED,
+        Trigger(n.guard_update, n.table, "BEFORE", "UPDATE", n.guard_update, when=f"({moved}) AND {not_writer}",
                 comment=_GUARD_UPDATE_WHEN),  # fmt: skip
-        Trigger(n.check_logged, n.table, "AFTER", "UPDATE", n.check_logged, when=_STATE_MOVED,
-                deferred=True, comment=_CHECK_LOGGED),  # fmt: skip
-        Trigger(n.check_event, n.events_table, "AFTER", "INSERT", n.check_event, deferred=True),
+        Trigger(n.check_logged, n.table, "AFTER", "UPDATE", n.check_logged,
+                when=f"({_STATE_MOVED}) AND {not_writer}", deferred=True, comment=_CHECK_LOGGED),  # fmt: skip
+        Trigger(n.check_event, n.events_table, "AFTER", "INSERT", n.check_event, when=not_writer,
+                deferred=True),  # fmt: skip
         Trigger(n.append_only, n.events_table, "BEFORE", "UPDATE OR DELETE", n.append_only),
         Trigger(n.append_only_truncate, n.events_table, "BEFORE", "TRUNCATE", n.append_only,
                 for_each="STATEMENT"),  # fmt: skip
@@ -625,7 +762,7 @@ def context(machine: Machine) -> FileContext:
         events=[(e, event_descriptions.get(e, "")) for e in m.event_names],
         codes=Codes(),
         statements=[(tuple(_comment(line) for line in c), s) for c, s in model.statements()],
-        pin=pin_search_path(model.function_names()),
+        pin=writer_setup(m) + "\n\n" + pin_search_path(model.function_names()),
     )
 
 

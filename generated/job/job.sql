@@ -131,93 +131,131 @@ RETURN 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION job_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 2;
+RETURN 3;
 
+-- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
+-- block at the end of this file creates the role if needed and gives it these functions).
+-- It is NOLOGIN and granted to no application, so the triggers below can tell these
+-- functions' writes, which keep to the spec by construction, from everyone else's, and
+-- skip their checks for them: enforcement then costs these calls almost nothing.
 CREATE FUNCTION job_apply(
     id uuid,
     event text,
     expected_version bigint,
     actor text,
-    payload jsonb DEFAULT NULL
+    payload jsonb DEFAULT NULL,
+    to_state text DEFAULT NULL
 ) RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
     v_event text := job_apply.event;
+    v_wanted text := job_apply.to_state;
     v_state text;
     v_version bigint;
     v_to text;
-    v_lease text;
+    v_targets text[];
 BEGIN
     IF job_apply.id IS NULL OR v_event IS NULL OR job_apply.expected_version IS NULL
         OR job_apply.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'job_apply: id, event, expected_version and actor must not be NULL';
     END IF;
-    SELECT t.state, t.state_version INTO v_state, v_version
-    FROM jobs AS t WHERE t.id = job_apply.id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '23F03',
-            MESSAGE = pg_catalog.format('job %s does not exist', job_apply.id),
-            DETAIL = pg_catalog.format('id=%s', job_apply.id);
-    END IF;
-    -- The version before the event (contract 4.2): a caller who read an older
-    -- version learns that someone moved the row first, whatever its event.
-    IF v_version <> job_apply.expected_version THEN
-        RETURN NULL;
-    END IF;
-    -- The spec's table: state, then event, to the target state.
-    v_to := CASE v_state
-        WHEN 'queued' THEN CASE v_event WHEN 'claim' THEN 'claimed' END
-        WHEN 'claimed' THEN CASE v_event WHEN 'start' THEN 'running' WHEN 'reclaim' THEN 'queued' END
-        WHEN 'running' THEN CASE v_event WHEN 'reclaim' THEN 'queued' WHEN 'finish' THEN 'completed' WHEN 'error' THEN 'failed' WHEN 'pause' THEN 'paused' END
-        WHEN 'paused' THEN CASE v_event WHEN 'resume' THEN 'running' WHEN 'abandon' THEN 'abandoned' END
-        WHEN 'failed' THEN CASE v_event WHEN 'retry' THEN 'queued' WHEN 'abandon' THEN 'abandoned' END
-    END;
-    IF v_to IS NULL THEN
-        IF NOT (v_event = ANY ('{"claim","start","finish","error","pause","resume","reclaim","retry","abandon"}'::text[])) THEN
-            RAISE EXCEPTION USING ERRCODE = '23F02',
-                MESSAGE = pg_catalog.format('job %s: unknown event "%s"', job_apply.id, v_event),
-                DETAIL = pg_catalog.format('event=%s', v_event),
-                HINT = 'the events are: claim, start, finish, error, pause, resume, reclaim, retry, abandon';
-        ELSIF v_state = ANY ('{"completed","abandoned"}'::text[]) THEN
+    LOOP
+        -- The move, found and made by one UPDATE: the row, at the expected version,
+        -- joined to the spec's transitions out of its state on this event (a choice:
+        -- the target asked for; otherwise the one target).
+        -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
+        -- row version the winner left (EvalPlanQual), whose state_version no longer
+        -- matches: of two calls at one version, one moves the row.
+        UPDATE jobs AS t
+        SET state = x.to_state,
+            state_version = t.state_version + 1,
+            entered_at = pg_catalog.now(),
+            claimed_by = CASE x.lease WHEN 'enter' THEN job_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+            claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+            heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+        FROM (VALUES
+            ('queued', 'claim', 'claimed', 'enter', true),
+            ('claimed', 'start', 'running', 'stay', true),
+            ('claimed', 'reclaim', 'queued', 'leave', true),
+            ('running', 'reclaim', 'queued', 'leave', true),
+            ('running', 'finish', 'completed', 'leave', true),
+            ('running', 'error', 'failed', 'leave', true),
+            ('running', 'pause', 'paused', 'leave', true),
+            ('paused', 'resume', 'running', 'enter', true),
+            ('paused', 'abandon', 'abandoned', 'none', true),
+            ('failed', 'retry', 'queued', 'none', true),
+            ('failed', 'abandon', 'abandoned', 'none', true)
+        ) AS x (from_state, event, to_state, lease, single)
+        WHERE t.id = job_apply.id
+          AND t.state_version = job_apply.expected_version
+          AND x.from_state = t.state AND x.event = v_event
+          AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+        RETURNING x.from_state, x.to_state INTO v_state, v_to;
+        IF FOUND THEN
+            INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, payload)
+            VALUES (job_apply.id, job_apply.expected_version + 1, v_state, v_event, v_to,
+                    job_apply.actor, job_apply.payload);
+            RETURN job_apply.expected_version + 1;
+        END IF;
+
+        -- Nothing moved: find out why, in the order the contract gives.
+        SELECT t.state, t.state_version
+        INTO v_state, v_version
+        FROM jobs AS t WHERE t.id = job_apply.id;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = '23F03',
+                MESSAGE = pg_catalog.format('job %s does not exist', job_apply.id),
+                DETAIL = pg_catalog.format('id=%s', job_apply.id);
+        END IF;
+        -- The version before the event (contract 4.2): a caller who read an older
+        -- version learns that someone moved the row first, whatever its event.
+        IF v_version <> job_apply.expected_version THEN
+            RETURN NULL;
+        END IF;
+        v_targets := CASE v_state
+            WHEN 'queued' THEN CASE v_event WHEN 'claim' THEN '{"claimed"}'::text[] END
+            WHEN 'claimed' THEN CASE v_event WHEN 'start' THEN '{"running"}'::text[] WHEN 'reclaim' THEN '{"queued"}'::text[] END
+            WHEN 'running' THEN CASE v_event WHEN 'reclaim' THEN '{"queued"}'::text[] WHEN 'finish' THEN '{"completed"}'::text[] WHEN 'error' THEN '{"failed"}'::text[] WHEN 'pause' THEN '{"paused"}'::text[] END
+            WHEN 'paused' THEN CASE v_event WHEN 'resume' THEN '{"running"}'::text[] WHEN 'abandon' THEN '{"abandoned"}'::text[] END
+            WHEN 'failed' THEN CASE v_event WHEN 'retry' THEN '{"queued"}'::text[] WHEN 'abandon' THEN '{"abandoned"}'::text[] END
+        END;
+        IF v_targets IS NULL THEN
+            IF NOT (v_event = ANY ('{"claim","start","finish","error","pause","resume","reclaim","retry","abandon"}'::text[])) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F02',
+                    MESSAGE = pg_catalog.format('job %s: unknown event "%s"', job_apply.id, v_event),
+                    DETAIL = pg_catalog.format('event=%s', v_event),
+                    HINT = 'the events are: claim, start, finish, error, pause, resume, reclaim, retry, abandon';
+            ELSIF v_state = ANY ('{"completed","abandoned"}'::text[]) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F01',
+                    MESSAGE = pg_catalog.format('job %s is in terminal state "%s"; refusing event "%s"',
+                                     job_apply.id, v_state, v_event),
+                    DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
+            ELSE
+                RAISE EXCEPTION USING ERRCODE = '23F01',
+                    MESSAGE = pg_catalog.format('job %s has no transition from state "%s" on event "%s"',
+                                     job_apply.id, v_state, v_event),
+                    DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
+            END IF;
+        END IF;
+        IF v_wanted IS NULL AND pg_catalog.cardinality(v_targets) > 1 THEN
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = pg_catalog.format('job %s is in terminal state "%s"; refusing event "%s"',
-                                 job_apply.id, v_state, v_event),
-                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
-        ELSE
-            RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = pg_catalog.format('job %s has no transition from state "%s" on event "%s"',
-                                 job_apply.id, v_state, v_event),
+                MESSAGE = pg_catalog.format('job %s: event "%s" from state "%s" is a choice; pass to_state, one of %s',
+                                 job_apply.id, v_event, v_state, pg_catalog.array_to_string(v_targets, ', ')),
                 DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         END IF;
-    END IF;
-    -- What the move does to the claim: enter, stay within, leave, or none of these.
-    v_lease := CASE WHEN v_state IN ('claimed', 'running') THEN CASE WHEN v_to IN ('claimed', 'running') THEN 'stay' ELSE 'leave' END WHEN v_to IN ('claimed', 'running') THEN 'enter' ELSE 'none' END;
-    -- The move, under the version check. A concurrent mover of this row makes this
-    -- wait, then re-check the WHERE on the row version it left (EvalPlanQual), whose
-    -- state_version no longer matches: of two calls at one version, one moves the row.
-    UPDATE jobs AS t
-    SET state = v_to,
-        entered_at = pg_catalog.now(),
-        state_version = t.state_version + 1,
-        -- Into the lease from outside: claimed now, by this actor; within it: a fresh
-        -- heartbeat; out of it: no claim at all (contract 4.2, "With lease").
-        claimed_by = CASE v_lease WHEN 'enter' THEN job_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-        claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-        heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-    WHERE t.id = job_apply.id
-      AND t.state_version = job_apply.expected_version
-      AND t.state = v_state;
-    IF NOT FOUND THEN
-        RETURN NULL;  -- someone else moved it first
-    END IF;
-    INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, payload)
-    VALUES (job_apply.id, job_apply.expected_version + 1, v_state, v_event, v_to,
-            job_apply.actor, job_apply.payload);
-    RETURN job_apply.expected_version + 1;
+        IF v_wanted IS NOT NULL AND NOT (v_wanted OPERATOR(pg_catalog.=) ANY (v_targets)) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = pg_catalog.format('job %s: event "%s" from state "%s" leads to %s, not to state "%s"',
+                                 job_apply.id, v_event, v_state, pg_catalog.array_to_string(v_targets, ', '), v_wanted),
+                DETAIL = pg_catalog.format('state=%s event=%s to_state=%s', v_state, v_event, v_wanted);
+        END IF;
+        -- The move is legal at this version: the row reached it after the UPDATE
+        -- looked (a caller who knew the version before its commit). Try again.
+    END LOOP;
 END
 $fsmc$;
 
@@ -247,7 +285,7 @@ END
 $fsmc$;
 
 CREATE FUNCTION job_reclaim(older_than interval, actor text) RETURNS SETOF uuid
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
 BEGIN
@@ -304,7 +342,7 @@ CREATE FUNCTION job_claim(
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
 ) RETURNS TABLE (id uuid, state_version bigint)
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
@@ -328,20 +366,25 @@ BEGIN
     END IF;
     SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
     FROM (VALUES
-        ('queued', 'claim', 'claimed', 'enter'),
-        ('claimed', 'start', 'running', 'stay'),
-        ('claimed', 'reclaim', 'queued', 'leave'),
-        ('running', 'reclaim', 'queued', 'leave'),
-        ('running', 'finish', 'completed', 'leave'),
-        ('running', 'error', 'failed', 'leave'),
-        ('running', 'pause', 'paused', 'leave'),
-        ('paused', 'resume', 'running', 'enter'),
-        ('paused', 'abandon', 'abandoned', 'none'),
-        ('failed', 'retry', 'queued', 'none'),
-        ('failed', 'abandon', 'abandoned', 'none')
-    ) AS x (from_state, event, to_state, lease)
+        ('queued', 'claim', 'claimed', 'enter', true),
+        ('claimed', 'start', 'running', 'stay', true),
+        ('claimed', 'reclaim', 'queued', 'leave', true),
+        ('running', 'reclaim', 'queued', 'leave', true),
+        ('running', 'finish', 'completed', 'leave', true),
+        ('running', 'error', 'failed', 'leave', true),
+        ('running', 'pause', 'paused', 'leave', true),
+        ('paused', 'resume', 'running', 'enter', true),
+        ('paused', 'abandon', 'abandoned', 'none', true),
+        ('failed', 'retry', 'queued', 'none', true),
+        ('failed', 'abandon', 'abandoned', 'none', true)
+    ) AS x (from_state, event, to_state, lease, single)
     WHERE x.event = v_event
-      AND (job_claim.to_state IS NULL OR x.to_state = job_claim.to_state);
+      AND (x.to_state = job_claim.to_state OR (job_claim.to_state IS NULL AND x.single));
+    IF v_sources IS NULL AND job_claim.to_state IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '23F01',
+            MESSAGE = pg_catalog.format('job_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
+            DETAIL = pg_catalog.format('event=%s', v_event);
+    END IF;
     IF v_sources IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('job_claim: no transition on event "%s" leads to state "%s"',
@@ -372,20 +415,20 @@ BEGIN
                 heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             FROM picked AS p
             JOIN (VALUES
-                ('queued', 'claim', 'claimed', 'enter'),
-                ('claimed', 'start', 'running', 'stay'),
-                ('claimed', 'reclaim', 'queued', 'leave'),
-                ('running', 'reclaim', 'queued', 'leave'),
-                ('running', 'finish', 'completed', 'leave'),
-                ('running', 'error', 'failed', 'leave'),
-                ('running', 'pause', 'paused', 'leave'),
-                ('paused', 'resume', 'running', 'enter'),
-                ('paused', 'abandon', 'abandoned', 'none'),
-                ('failed', 'retry', 'queued', 'none'),
-                ('failed', 'abandon', 'abandoned', 'none')
-            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+                ('queued', 'claim', 'claimed', 'enter', true),
+                ('claimed', 'start', 'running', 'stay', true),
+                ('claimed', 'reclaim', 'queued', 'leave', true),
+                ('running', 'reclaim', 'queued', 'leave', true),
+                ('running', 'finish', 'completed', 'leave', true),
+                ('running', 'error', 'failed', 'leave', true),
+                ('running', 'pause', 'paused', 'leave', true),
+                ('paused', 'resume', 'running', 'enter', true),
+                ('paused', 'abandon', 'abandoned', 'none', true),
+                ('failed', 'retry', 'queued', 'none', true),
+                ('failed', 'abandon', 'abandoned', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
             WHERE t.id = p.id AND t.state = p.state
-              AND (job_claim.to_state IS NULL OR x.to_state = job_claim.to_state)
+              AND (x.to_state = job_claim.to_state OR (job_claim.to_state IS NULL AND x.single))
             RETURNING t.id, x.from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO job_events (job_id, version, from_state, event, to_state, actor)
@@ -414,20 +457,20 @@ BEGIN
                 heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             FROM picked AS p
             JOIN (VALUES
-                ('queued', 'claim', 'claimed', 'enter'),
-                ('claimed', 'start', 'running', 'stay'),
-                ('claimed', 'reclaim', 'queued', 'leave'),
-                ('running', 'reclaim', 'queued', 'leave'),
-                ('running', 'finish', 'completed', 'leave'),
-                ('running', 'error', 'failed', 'leave'),
-                ('running', 'pause', 'paused', 'leave'),
-                ('paused', 'resume', 'running', 'enter'),
-                ('paused', 'abandon', 'abandoned', 'none'),
-                ('failed', 'retry', 'queued', 'none'),
-                ('failed', 'abandon', 'abandoned', 'none')
-            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+                ('queued', 'claim', 'claimed', 'enter', true),
+                ('claimed', 'start', 'running', 'stay', true),
+                ('claimed', 'reclaim', 'queued', 'leave', true),
+                ('running', 'reclaim', 'queued', 'leave', true),
+                ('running', 'finish', 'completed', 'leave', true),
+                ('running', 'error', 'failed', 'leave', true),
+                ('running', 'pause', 'paused', 'leave', true),
+                ('paused', 'resume', 'running', 'enter', true),
+                ('paused', 'abandon', 'abandoned', 'none', true),
+                ('failed', 'retry', 'queued', 'none', true),
+                ('failed', 'abandon', 'abandoned', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
             WHERE t.id = p.id AND t.state = p.state
-              AND (job_claim.to_state IS NULL OR x.to_state = job_claim.to_state)
+              AND (x.to_state = job_claim.to_state OR (job_claim.to_state IS NULL AND x.single))
             RETURNING t.id, x.from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO job_events (job_id, version, from_state, event, to_state, actor)
@@ -491,10 +534,13 @@ CREATE FUNCTION job_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = pg_catalog.format('a job is born in state "queued" at version 0, not in state "%s" at version %s',
-                         NEW.state, NEW.state_version),
-        HINT = 'insert without state and state_version, then move the row with job_apply';
+    IF NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '23F04',
+            MESSAGE = pg_catalog.format('a job is born in state "queued" at version 0, not in state "%s" at version %s',
+                             NEW.state, NEW.state_version),
+            HINT = 'insert without state and state_version, then move the row with job_apply';
+    END IF;
+    RETURN NEW;
 END
 $fsmc$;
 
@@ -536,7 +582,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
-    PERFORM FROM job_events AS e
+PERFORM FROM job_events AS e
     WHERE e.job_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
@@ -587,11 +633,11 @@ FOR EACH ROW
 WHEN (NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0)
 EXECUTE FUNCTION job_guard_insert();
 
--- WHEN: a write that leaves state and state_version alone (a heartbeat) never
--- reaches the function.
+-- WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)
+-- never reaches the function, nor does one the writer role's functions make.
 CREATE TRIGGER job_guard_update BEFORE UPDATE ON jobs
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> 'job_fsmc_writer')
 EXECUTE FUNCTION job_guard_update();
 
 -- Checked at COMMIT, so a transaction may update the row and insert its event row in
@@ -599,12 +645,13 @@ EXECUTE FUNCTION job_guard_update();
 CREATE CONSTRAINT TRIGGER job_check_logged AFTER UPDATE ON jobs
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> 'job_fsmc_writer')
 EXECUTE FUNCTION job_check_logged();
 
 CREATE CONSTRAINT TRIGGER job_check_event AFTER INSERT ON job_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
+WHEN (CURRENT_USER <> 'job_fsmc_writer')
 EXECUTE FUNCTION job_check_event();
 
 CREATE TRIGGER job_events_append_only BEFORE UPDATE OR DELETE ON job_events
@@ -614,6 +661,58 @@ EXECUTE FUNCTION job_events_append_only();
 CREATE TRIGGER job_events_append_only_truncate BEFORE TRUNCATE ON job_events
 FOR EACH STATEMENT
 EXECUTE FUNCTION job_events_append_only();
+
+-- The writer role owns the functions that move rows (created if the installer may
+-- create roles; otherwise it must exist, NOLOGIN, granted to the installer).
+DO $fsmc$
+DECLARE
+    v_role pg_catalog.text := 'job_fsmc_writer';
+    v_schema pg_catalog.text := pg_catalog.current_schema();
+    v_function record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                       WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = pg_catalog.format('fsmc: role %I does not exist, and %I may not create roles; nothing was changed', v_role, CURRENT_USER),
+                HINT = pg_catalog.format('have an administrator run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I;', v_role, v_role, CURRENT_USER);
+        END IF;
+        BEGIN
+            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;  -- another installation made it meanwhile
+        END;
+        EXECUTE pg_catalog.format('GRANT %I TO %I', v_role, CURRENT_USER);
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role
+               AND (r.rolcanlogin OR r.rolsuper OR r.rolbypassrls)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: role %I can log in, is a superuser or bypasses row security: whoever became it would write rows past every check; nothing was changed', v_role),
+            HINT = pg_catalog.format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS;', v_role);
+    END IF;
+    IF NOT pg_catalog.pg_has_role(CURRENT_USER, v_role, 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: %I is not a member of role %I, so it cannot give it the functions; nothing was changed', CURRENT_USER, v_role),
+            HINT = pg_catalog.format('have an administrator run: GRANT %I TO %I;', v_role, CURRENT_USER);
+    END IF;
+    EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'jobs', v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'job_events', v_role);
+    FOR v_function IN
+        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_reclaim","job_purge"}'::pg_catalog.text[])
+    LOOP
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_reclaim"}'::pg_catalog.text[]) THEN
+            EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
+                                      v_schema, v_function.proname, v_function.args, v_role);
+        END IF;
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                  v_schema, v_function.proname, v_function.args);
+    END LOOP;
+END
+$fsmc$;
 
 -- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
 DO $fsmc$

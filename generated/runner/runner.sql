@@ -114,82 +114,117 @@ RETURN '1a9ea1e2a9f89f5313d634e87ff33cdd1ae5b4504cf1ffa11f49babff9894c07';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION runner_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 2;
+RETURN 3;
 
+-- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
+-- block at the end of this file creates the role if needed and gives it these functions).
+-- It is NOLOGIN and granted to no application, so the triggers below can tell these
+-- functions' writes, which keep to the spec by construction, from everyone else's, and
+-- skip their checks for them: enforcement then costs these calls almost nothing.
 CREATE FUNCTION runner_apply(
     id bigint,
     event text,
     expected_version bigint,
     actor text,
-    payload jsonb DEFAULT NULL
+    payload jsonb DEFAULT NULL,
+    to_state text DEFAULT NULL
 ) RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
     v_event text := runner_apply.event;
+    v_wanted text := runner_apply.to_state;
     v_state text;
     v_version bigint;
     v_to text;
+    v_targets text[];
 BEGIN
     IF runner_apply.id IS NULL OR v_event IS NULL OR runner_apply.expected_version IS NULL
         OR runner_apply.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'runner_apply: id, event, expected_version and actor must not be NULL';
     END IF;
-    SELECT t.state, t.state_version INTO v_state, v_version
-    FROM runners AS t WHERE t.id = runner_apply.id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '23F03',
-            MESSAGE = pg_catalog.format('runner %s does not exist', runner_apply.id),
-            DETAIL = pg_catalog.format('id=%s', runner_apply.id);
-    END IF;
-    -- The version before the event (contract 4.2): a caller who read an older
-    -- version learns that someone moved the row first, whatever its event.
-    IF v_version <> runner_apply.expected_version THEN
-        RETURN NULL;
-    END IF;
-    -- The spec's table: state, then event, to the target state.
-    v_to := CASE v_state
-        WHEN 'queued' THEN CASE v_event WHEN 'claim' THEN 'running' END
-        WHEN 'running' THEN CASE v_event WHEN 'succeed' THEN 'succeeded' WHEN 'fail' THEN 'failed' END
-    END;
-    IF v_to IS NULL THEN
-        IF NOT (v_event = ANY ('{"claim","succeed","fail"}'::text[])) THEN
-            RAISE EXCEPTION USING ERRCODE = '23F02',
-                MESSAGE = pg_catalog.format('runner %s: unknown event "%s"', runner_apply.id, v_event),
-                DETAIL = pg_catalog.format('event=%s', v_event),
-                HINT = 'the events are: claim, succeed, fail';
-        ELSIF v_state = ANY ('{"succeeded","failed"}'::text[]) THEN
+    LOOP
+        -- The move, found and made by one UPDATE: the row, at the expected version,
+        -- joined to the spec's transitions out of its state on this event (a choice:
+        -- the target asked for; otherwise the one target).
+        -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
+        -- row version the winner left (EvalPlanQual), whose state_version no longer
+        -- matches: of two calls at one version, one moves the row.
+        UPDATE runners AS t
+        SET state = x.to_state,
+            state_version = t.state_version + 1,
+            entered_at = pg_catalog.now()
+        FROM (VALUES
+            ('queued', 'claim', 'running', 'none', true),
+            ('running', 'succeed', 'succeeded', 'none', true),
+            ('running', 'fail', 'failed', 'none', true)
+        ) AS x (from_state, event, to_state, lease, single)
+        WHERE t.id = runner_apply.id
+          AND t.state_version = runner_apply.expected_version
+          AND x.from_state = t.state AND x.event = v_event
+          AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+        RETURNING x.from_state, x.to_state INTO v_state, v_to;
+        IF FOUND THEN
+            INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor, payload)
+            VALUES (runner_apply.id, runner_apply.expected_version + 1, v_state, v_event, v_to,
+                    runner_apply.actor, runner_apply.payload);
+            RETURN runner_apply.expected_version + 1;
+        END IF;
+
+        -- Nothing moved: find out why, in the order the contract gives.
+        SELECT t.state, t.state_version
+        INTO v_state, v_version
+        FROM runners AS t WHERE t.id = runner_apply.id;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = '23F03',
+                MESSAGE = pg_catalog.format('runner %s does not exist', runner_apply.id),
+                DETAIL = pg_catalog.format('id=%s', runner_apply.id);
+        END IF;
+        -- The version before the event (contract 4.2): a caller who read an older
+        -- version learns that someone moved the row first, whatever its event.
+        IF v_version <> runner_apply.expected_version THEN
+            RETURN NULL;
+        END IF;
+        v_targets := CASE v_state
+            WHEN 'queued' THEN CASE v_event WHEN 'claim' THEN '{"running"}'::text[] END
+            WHEN 'running' THEN CASE v_event WHEN 'succeed' THEN '{"succeeded"}'::text[] WHEN 'fail' THEN '{"failed"}'::text[] END
+        END;
+        IF v_targets IS NULL THEN
+            IF NOT (v_event = ANY ('{"claim","succeed","fail"}'::text[])) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F02',
+                    MESSAGE = pg_catalog.format('runner %s: unknown event "%s"', runner_apply.id, v_event),
+                    DETAIL = pg_catalog.format('event=%s', v_event),
+                    HINT = 'the events are: claim, succeed, fail';
+            ELSIF v_state = ANY ('{"succeeded","failed"}'::text[]) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F01',
+                    MESSAGE = pg_catalog.format('runner %s is in terminal state "%s"; refusing event "%s"',
+                                     runner_apply.id, v_state, v_event),
+                    DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
+            ELSE
+                RAISE EXCEPTION USING ERRCODE = '23F01',
+                    MESSAGE = pg_catalog.format('runner %s has no transition from state "%s" on event "%s"',
+                                     runner_apply.id, v_state, v_event),
+                    DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
+            END IF;
+        END IF;
+        IF v_wanted IS NULL AND pg_catalog.cardinality(v_targets) > 1 THEN
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = pg_catalog.format('runner %s is in terminal state "%s"; refusing event "%s"',
-                                 runner_apply.id, v_state, v_event),
-                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
-        ELSE
-            RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = pg_catalog.format('runner %s has no transition from state "%s" on event "%s"',
-                                 runner_apply.id, v_state, v_event),
+                MESSAGE = pg_catalog.format('runner %s: event "%s" from state "%s" is a choice; pass to_state, one of %s',
+                                 runner_apply.id, v_event, v_state, pg_catalog.array_to_string(v_targets, ', ')),
                 DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         END IF;
-    END IF;
-    -- The move, under the version check. A concurrent mover of this row makes this
-    -- wait, then re-check the WHERE on the row version it left (EvalPlanQual), whose
-    -- state_version no longer matches: of two calls at one version, one moves the row.
-    UPDATE runners AS t
-    SET state = v_to,
-        entered_at = pg_catalog.now(),
-        state_version = t.state_version + 1
-    WHERE t.id = runner_apply.id
-      AND t.state_version = runner_apply.expected_version
-      AND t.state = v_state;
-    IF NOT FOUND THEN
-        RETURN NULL;  -- someone else moved it first
-    END IF;
-    INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor, payload)
-    VALUES (runner_apply.id, runner_apply.expected_version + 1, v_state, v_event, v_to,
-            runner_apply.actor, runner_apply.payload);
-    RETURN runner_apply.expected_version + 1;
+        IF v_wanted IS NOT NULL AND NOT (v_wanted OPERATOR(pg_catalog.=) ANY (v_targets)) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = pg_catalog.format('runner %s: event "%s" from state "%s" leads to %s, not to state "%s"',
+                                 runner_apply.id, v_event, v_state, pg_catalog.array_to_string(v_targets, ', '), v_wanted),
+                DETAIL = pg_catalog.format('state=%s event=%s to_state=%s', v_state, v_event, v_wanted);
+        END IF;
+        -- The move is legal at this version: the row reached it after the UPDATE
+        -- looked (a caller who knew the version before its commit). Try again.
+    END LOOP;
 END
 $fsmc$;
 
@@ -199,7 +234,7 @@ CREATE FUNCTION runner_claim(
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
 ) RETURNS TABLE (id bigint, state_version bigint)
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
@@ -223,12 +258,17 @@ BEGIN
     END IF;
     SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
     FROM (VALUES
-        ('queued', 'claim', 'running', 'none'),
-        ('running', 'succeed', 'succeeded', 'none'),
-        ('running', 'fail', 'failed', 'none')
-    ) AS x (from_state, event, to_state, lease)
+        ('queued', 'claim', 'running', 'none', true),
+        ('running', 'succeed', 'succeeded', 'none', true),
+        ('running', 'fail', 'failed', 'none', true)
+    ) AS x (from_state, event, to_state, lease, single)
     WHERE x.event = v_event
-      AND (runner_claim.to_state IS NULL OR x.to_state = runner_claim.to_state);
+      AND (x.to_state = runner_claim.to_state OR (runner_claim.to_state IS NULL AND x.single));
+    IF v_sources IS NULL AND runner_claim.to_state IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '23F01',
+            MESSAGE = pg_catalog.format('runner_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
+            DETAIL = pg_catalog.format('event=%s', v_event);
+    END IF;
     IF v_sources IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('runner_claim: no transition on event "%s" leads to state "%s"',
@@ -256,12 +296,12 @@ BEGIN
                 entered_at = pg_catalog.now()
             FROM picked AS p
             JOIN (VALUES
-                ('queued', 'claim', 'running', 'none'),
-                ('running', 'succeed', 'succeeded', 'none'),
-                ('running', 'fail', 'failed', 'none')
-            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+                ('queued', 'claim', 'running', 'none', true),
+                ('running', 'succeed', 'succeeded', 'none', true),
+                ('running', 'fail', 'failed', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
             WHERE t.id = p.id AND t.state = p.state
-              AND (runner_claim.to_state IS NULL OR x.to_state = runner_claim.to_state)
+              AND (x.to_state = runner_claim.to_state OR (runner_claim.to_state IS NULL AND x.single))
             RETURNING t.id, x.from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor)
@@ -287,12 +327,12 @@ BEGIN
                 entered_at = pg_catalog.now()
             FROM picked AS p
             JOIN (VALUES
-                ('queued', 'claim', 'running', 'none'),
-                ('running', 'succeed', 'succeeded', 'none'),
-                ('running', 'fail', 'failed', 'none')
-            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+                ('queued', 'claim', 'running', 'none', true),
+                ('running', 'succeed', 'succeeded', 'none', true),
+                ('running', 'fail', 'failed', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
             WHERE t.id = p.id AND t.state = p.state
-              AND (runner_claim.to_state IS NULL OR x.to_state = runner_claim.to_state)
+              AND (x.to_state = runner_claim.to_state OR (runner_claim.to_state IS NULL AND x.single))
             RETURNING t.id, x.from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor)
@@ -356,10 +396,13 @@ CREATE FUNCTION runner_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = pg_catalog.format('a runner is born in state "queued" at version 0, not in state "%s" at version %s',
-                         NEW.state, NEW.state_version),
-        HINT = 'insert without state and state_version, then move the row with runner_apply';
+    IF NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '23F04',
+            MESSAGE = pg_catalog.format('a runner is born in state "queued" at version 0, not in state "%s" at version %s',
+                             NEW.state, NEW.state_version),
+            HINT = 'insert without state and state_version, then move the row with runner_apply';
+    END IF;
+    RETURN NEW;
 END
 $fsmc$;
 
@@ -401,7 +444,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
-    PERFORM FROM runner_events AS e
+PERFORM FROM runner_events AS e
     WHERE e.runner_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
@@ -452,11 +495,11 @@ FOR EACH ROW
 WHEN (NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0)
 EXECUTE FUNCTION runner_guard_insert();
 
--- WHEN: a write that leaves state and state_version alone (a heartbeat) never
--- reaches the function.
+-- WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)
+-- never reaches the function, nor does one the writer role's functions make.
 CREATE TRIGGER runner_guard_update BEFORE UPDATE ON runners
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> 'runner_fsmc_writer')
 EXECUTE FUNCTION runner_guard_update();
 
 -- Checked at COMMIT, so a transaction may update the row and insert its event row in
@@ -464,12 +507,13 @@ EXECUTE FUNCTION runner_guard_update();
 CREATE CONSTRAINT TRIGGER runner_check_logged AFTER UPDATE ON runners
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> 'runner_fsmc_writer')
 EXECUTE FUNCTION runner_check_logged();
 
 CREATE CONSTRAINT TRIGGER runner_check_event AFTER INSERT ON runner_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
+WHEN (CURRENT_USER <> 'runner_fsmc_writer')
 EXECUTE FUNCTION runner_check_event();
 
 CREATE TRIGGER runner_events_append_only BEFORE UPDATE OR DELETE ON runner_events
@@ -479,6 +523,58 @@ EXECUTE FUNCTION runner_events_append_only();
 CREATE TRIGGER runner_events_append_only_truncate BEFORE TRUNCATE ON runner_events
 FOR EACH STATEMENT
 EXECUTE FUNCTION runner_events_append_only();
+
+-- The writer role owns the functions that move rows (created if the installer may
+-- create roles; otherwise it must exist, NOLOGIN, granted to the installer).
+DO $fsmc$
+DECLARE
+    v_role pg_catalog.text := 'runner_fsmc_writer';
+    v_schema pg_catalog.text := pg_catalog.current_schema();
+    v_function record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                       WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = pg_catalog.format('fsmc: role %I does not exist, and %I may not create roles; nothing was changed', v_role, CURRENT_USER),
+                HINT = pg_catalog.format('have an administrator run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I;', v_role, v_role, CURRENT_USER);
+        END IF;
+        BEGIN
+            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;  -- another installation made it meanwhile
+        END;
+        EXECUTE pg_catalog.format('GRANT %I TO %I', v_role, CURRENT_USER);
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role
+               AND (r.rolcanlogin OR r.rolsuper OR r.rolbypassrls)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: role %I can log in, is a superuser or bypasses row security: whoever became it would write rows past every check; nothing was changed', v_role),
+            HINT = pg_catalog.format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS;', v_role);
+    END IF;
+    IF NOT pg_catalog.pg_has_role(CURRENT_USER, v_role, 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: %I is not a member of role %I, so it cannot give it the functions; nothing was changed', CURRENT_USER, v_role),
+            HINT = pg_catalog.format('have an administrator run: GRANT %I TO %I;', v_role, CURRENT_USER);
+    END IF;
+    EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'runners', v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'runner_events', v_role);
+    FOR v_function IN
+        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"runner_apply","runner_claim","runner_purge"}'::pg_catalog.text[])
+    LOOP
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"runner_apply","runner_claim"}'::pg_catalog.text[]) THEN
+            EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
+                                      v_schema, v_function.proname, v_function.args, v_role);
+        END IF;
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                  v_schema, v_function.proname, v_function.args);
+    END LOOP;
+END
+$fsmc$;
 
 -- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
 DO $fsmc$
