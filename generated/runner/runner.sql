@@ -444,7 +444,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
-PERFORM FROM runner_events AS e
+    PERFORM FROM runner_events AS e
     WHERE e.runner_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN

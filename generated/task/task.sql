@@ -566,7 +566,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
 BEGIN
-PERFORM FROM task_events AS e
+    PERFORM FROM task_events AS e
     WHERE e.task_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
