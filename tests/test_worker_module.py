@@ -19,7 +19,7 @@ import pytest
 
 from fsmc.targets import generate
 from fsmc.targets.common import Paths
-from tests.pg_scratch import Scratch, machine_of
+from tests.pg_scratch import Scratch, machine_of, module_of
 
 
 def test_the_sync_functions_run_a_job_in_the_callers_transaction(db: Scratch, job: ModuleType) -> None:
@@ -138,6 +138,75 @@ def test_the_async_twins_do_what_the_sync_functions_do(db: Scratch, job: ModuleT
             await conn.close()
 
     asyncio.run(run())
+
+
+class RowsCursor:
+    """A DB-API cursor that answers a query with the rows of the first key of
+    `answers` found in it, and records the queries."""
+
+    def __init__(self, answers: dict[str, list[tuple[Any, ...]]], seen: list[str]) -> None:
+        self.answers, self.seen = answers, seen
+        self.rows: list[tuple[Any, ...]] = []
+
+    def execute(self, query: str, params: Any = None) -> None:
+        self.seen.append(query)
+        self.rows = next(rows for key, rows in self.answers.items() if key in query)
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> Any:
+        return self.rows
+
+    def close(self) -> None:
+        pass
+
+
+def test_get_and_claim_fill_the_counts_from_the_row(tmp_path: Path) -> None:
+    # What a capped machine's get() and claim() read, without a database: the counts
+    # come from the row, so a fetched Task refuses past its cap as the database would.
+    task = module_of(machine_of("task"), tmp_path)
+    seen: list[str] = []
+    answers = {"task_claim(": [("id-1", 8)], "FROM tasks WHERE id = ANY": [("id-1", "acquired", 8, 5)],
+               "FROM tasks WHERE id =": [("failed", 7, 5)]}  # fmt: skip
+    conn = type("Conn", (), {"cursor": lambda self: RowsCursor(answers, seen)})()
+    fetched = task.get(conn, "id-1")
+    assert fetched == task.Task("id-1", task.State.FAILED, 7, retry_count=5)
+    with pytest.raises(task.CapReached):
+        fetched.apply("retry")
+    assert task.claim(conn, "acquire", actor="w") == [task.Task("id-1", task.State.ACQUIRED, 8, retry_count=5)]
+    assert all("retry_count" in q for q in seen if "tasks" in q), seen
+
+
+def test_get_and_claim_read_the_counts_of_a_capped_machine(pg_dsn: str, tmp_path: Path) -> None:
+    # Waits on the PostgreSQL side of caps (the retry_count column): a row fetched
+    # from the database carries its counts.
+    task = module_of(machine_of("task"), tmp_path)
+    db = Scratch.create(pg_dsn, machine_of("task"))
+    try:
+        with db.connect() as conn:
+            row_id, version = db.row_at(conn, "failed")
+            assert task.transition(conn, row_id, "retry", expected_version=version, actor="w") == version + 1
+            conn.commit()
+            assert task.get(conn, row_id) == task.Task(row_id, task.State.NEW, version + 1, retry_count=1)
+            (claimed,) = task.claim(conn, "acquire", actor="w")
+            assert claimed == task.Task(row_id, task.State.ACQUIRED, version + 2, retry_count=1)
+            conn.rollback()
+
+        async def run() -> None:
+            aconn = await psycopg.AsyncConnection.connect(
+                db.dsn, user=db.app_role, options=f"-c search_path={db.schema}")  # fmt: skip
+            try:
+                got = await task.aget(aconn, row_id)
+                assert got == task.Task(row_id, task.State.NEW, version + 1, retry_count=1)
+                (claimed,) = await task.aclaim(aconn, "acquire", actor="aw")
+                assert claimed == task.Task(row_id, task.State.ACQUIRED, version + 2, retry_count=1)
+            finally:
+                await aconn.close()
+
+        asyncio.run(run())
+    finally:
+        db.drop()
 
 
 MISUSE = """\

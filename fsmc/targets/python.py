@@ -67,6 +67,8 @@ def context(machine: Machine) -> dict[str, object]:
         "cap_sqlstate": sqlstate.CAP_REACHED,
         "unknown_id_sqlstate": sqlstate.UNKNOWN_ID,
         "table": names.table,
+        # What get() and claim() read of a row, in the dataclass's field order.
+        "row_columns": ", ".join(["state", "state_version", *map(count_field, m.cap_limits)]),
         "claim_function": names.claim,
         "purge_function": names.purge,
         "heartbeat_function": names.heartbeat,

@@ -490,15 +490,14 @@ def _state_in(error: BaseException) -> State:
 
 _GET_SQL: typing.Final = "SELECT state, state_version FROM jobs WHERE id = %s"
 _CLAIM_SQL: typing.Final = "SELECT id, state_version FROM job_claim(%s, %s, %s, %s)"
-_STATES_SQL: typing.Final = "SELECT id, state FROM jobs WHERE id = ANY (%s)"
+_ROWS_SQL: typing.Final = "SELECT id, state, state_version FROM jobs WHERE id = ANY (%s)"
 _PURGE_SQL: typing.Final = "SELECT job_purge(%s, %s)"
 _HEARTBEAT_SQL: typing.Final = "SELECT job_heartbeat(%s, %s)"
 _RECLAIM_SQL: typing.Final = "SELECT job_reclaim(%s, %s)"
 
 
-def _row(id: uuid.UUID, row: typing.Any) -> Job | None:
-    if row is None:
-        return None
+def _row(id: uuid.UUID, row: typing.Any) -> Job:
+    """The `Job` of a row read as `state, state_version`."""
     return Job(id, _state(row[0]), int(row[1]))
 
 
@@ -506,10 +505,19 @@ def _claimed(
     event: Event, to: State | None, rows: typing.Any
 ) -> tuple[list[tuple[uuid.UUID, int]], State | None]:
     """The claimed (id, version) pairs, and their state when the event has one target
-    from all its sources (else None: read the states back)."""
+    from all its sources (else None: read the rows back)."""
     targets = {t for (_s, e), t in _TABLE.items() if e == event and (to is None or t == to)}
     target = next(iter(targets)) if len(targets) == 1 else None
     return [(r[0], int(r[1])) for r in rows], target
+
+
+def _moved(
+    pairs: list[tuple[uuid.UUID, int]], state: State | None, rows: dict[typing.Any, typing.Any]
+) -> list[Job]:
+    """The claimed rows as `Job`s: from their state, or from the rows read back."""
+    if state is not None:
+        return [Job(i, state, v) for i, v in pairs]
+    return [_row(i, rows[i]) for i, _v in pairs]
 
 
 def _checked_to(to: State | str | None) -> State | None:
@@ -521,9 +529,10 @@ def get(conn: Connection, id: uuid.UUID) -> Job | None:
     cursor = conn.cursor()
     try:
         cursor.execute(_GET_SQL, (id,))
-        return _row(id, cursor.fetchone())
+        row = cursor.fetchone()
     finally:
         cursor.close()
+    return None if row is None else _row(id, row)
 
 
 async def aget(conn: AsyncConnection, id: uuid.UUID) -> Job | None:
@@ -531,9 +540,10 @@ async def aget(conn: AsyncConnection, id: uuid.UUID) -> Job | None:
     cursor = conn.cursor()
     try:
         await cursor.execute(_GET_SQL, (id,))
-        return _row(id, await cursor.fetchone())
+        row = await cursor.fetchone()
     finally:
         await cursor.close()
+    return None if row is None else _row(id, row)
 
 
 def claim(
@@ -556,13 +566,13 @@ def claim(
             _refused(error, None, None)
             raise
         pairs, state = _claimed(checked, target, cursor.fetchall())
-        states: dict[typing.Any, typing.Any] = {}
+        rows: dict[typing.Any, typing.Any] = {}
         if state is None and pairs:
-            cursor.execute(_STATES_SQL, ([i for i, _v in pairs],))
-            states = dict(cursor.fetchall())
+            cursor.execute(_ROWS_SQL, ([i for i, _v in pairs],))
+            rows = {r[0]: r[1:] for r in cursor.fetchall()}
     finally:
         cursor.close()
-    return [Job(i, state or _state(states[i]), v) for i, v in pairs]
+    return _moved(pairs, state, rows)
 
 
 async def aclaim(
@@ -583,13 +593,13 @@ async def aclaim(
             _refused(error, None, None)
             raise
         pairs, state = _claimed(checked, target, await cursor.fetchall())
-        states: dict[typing.Any, typing.Any] = {}
+        rows: dict[typing.Any, typing.Any] = {}
         if state is None and pairs:
-            await cursor.execute(_STATES_SQL, ([i for i, _v in pairs],))
-            states = dict(await cursor.fetchall())
+            await cursor.execute(_ROWS_SQL, ([i for i, _v in pairs],))
+            rows = {r[0]: r[1:] for r in await cursor.fetchall()}
     finally:
         await cursor.close()
-    return [Job(i, state or _state(states[i]), v) for i, v in pairs]
+    return _moved(pairs, state, rows)
 
 
 def _value(state: State | None) -> str | None:
