@@ -43,7 +43,7 @@ def pytest_on(folder: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_there_are_generated_machines() -> None:
-    assert {"job", "runner", "task"} <= set(MACHINES)
+    assert {"job", "runner", "task", "review", "breaker", "subscription"} <= set(MACHINES)
 
 
 @pytest.mark.parametrize("name", MACHINES)
@@ -86,11 +86,11 @@ def test_the_module_uses_only_the_standard_library(name: str) -> None:
     assert module.stem not in sys.stdlib_module_names
 
 
-def suite_after_editing(tmp_path: Path, entry: str, replacement: str) -> str:
-    """The generated job suite's output after replacing `entry` (found once) in its
-    module; asserts the suite failed."""
-    folder = copy_machine("job", tmp_path)
-    module = folder / "fsm_job.py"
+def suite_after_editing(tmp_path: Path, entry: str, replacement: str, name: str = "job") -> str:
+    """The generated suite's output of machine `name` after replacing `entry` (found
+    once) in its module; asserts the suite failed."""
+    folder = copy_machine(name, tmp_path)
+    module = folder / f"fsm_{name}.py"
     text = module.read_text()
     assert text.count(entry) == 1
     module.write_text(text.replace(entry, replacement))
@@ -112,6 +112,26 @@ def test_editing_one_table_entry_makes_the_generated_suite_fail(tmp_path: Path) 
 def test_removing_one_table_entry_makes_the_generated_suite_fail(tmp_path: Path) -> None:
     out = suite_after_editing(tmp_path, "            (State.FAILED, Event.RETRY): State.QUEUED,\n", "")
     assert "test_the_table_is_exactly_the_specs" in out
+
+
+def test_editing_one_choice_target_makes_the_generated_suite_fail(tmp_path: Path) -> None:
+    out = suite_after_editing(
+        tmp_path, "                    State.CHANGES_REQUESTED,\n", "                    State.DRAFT,\n", "review"
+    )
+    assert "test_the_table_is_exactly_the_specs" in out
+    assert "test_every_target_of_every_choice" in out
+
+
+@pytest.mark.parametrize(("entry", "replacement", "failing"), [
+    ("        Event.RETRY: 5,\n", "        Event.RETRY: 6,\n", "test_the_table_is_exactly_the_specs"),
+    # The dataclass's own copy of the cap, one more and one less.
+    ("if retry_count >= 5:", "if retry_count >= 6:", "test_every_cap_is_refused_one_past_its_limit"),
+    ("if retry_count >= 5:", "if retry_count >= 4:", "test_every_cap_is_refused_one_past_its_limit"),
+])  # fmt: skip
+def test_editing_one_cap_makes_the_generated_suite_fail(
+    entry: str, replacement: str, failing: str, tmp_path: Path
+) -> None:
+    assert failing in suite_after_editing(tmp_path, entry, replacement, "task")
 
 
 SEED_TEST = '''
