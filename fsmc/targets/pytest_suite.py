@@ -5,7 +5,7 @@ to the module's table by hand makes it fail."""
 from __future__ import annotations
 
 from fsmc.model import Machine
-from fsmc.targets import python, sql
+from fsmc.targets import python, sql, sqlstate
 from fsmc.targets.common import header_context, module_name
 from fsmc.templating import render
 
@@ -28,4 +28,5 @@ def emit(machine: Machine) -> str:
         sample_id=python.SAMPLE_IDS[m.postgres.id_type],
         uses_uuid=m.postgres.id_type == "uuid",
         sql=sql.test_context(m),
+        cap_sqlstate=sqlstate.CAP_REACHED,
     )

@@ -247,6 +247,7 @@ SQL_EVENTS = "review_events"
 SQL_ID_COLUMN = "review_id"
 SQL_APPLY = "review_apply"
 ILLEGAL_TRANSITION = "23F01"
+CAP_REACHED = "23F07"
 BYPASS_WRITE = "23F04"
 UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
@@ -276,25 +277,39 @@ class Database:
 
     def row_in(self, conn: typing.Any, state: str) -> tuple[typing.Any, int]:
         """A new row moved to `state` through the module's transition(), committed."""
-        row_id, version = self.new_row(conn), 0
-        for event in _path_to(state):
-            got = machine.transition(conn, row_id, event, expected_version=version, actor="test")
-            assert got == version + 1
-            version = got
+        path = _walk(INITIAL, {state})
+        assert path is not None, f"{state!r} is unreachable"
+        row_id = self.new_row(conn)
+        version = self.walk(conn, row_id, 0, path)
         conn.commit()
         return row_id, version
 
+    def walk(
+        self, conn: typing.Any, row_id: typing.Any, version: int, moves: list[tuple[str, str | None]]
+    ) -> int:
+        """Fire `moves` ((event, to) pairs) on a row through transition(); its version."""
+        for event, to in moves:
+            got = machine.transition(
+                conn, row_id, event, expected_version=version, actor="test", to=to
+            )
+            assert got == version + 1
+            version = got
+        return version
 
-def _path_to(target: str) -> list[str]:
-    paths: dict[str, list[str]] = {INITIAL: []}
-    frontier = [INITIAL]
+
+def _walk(start: str, goals: set[str]) -> list[tuple[str, str | None]] | None:
+    """The shortest (event, to) moves from `start` into one of `goals`; None if none."""
+    paths: dict[str, list[tuple[str, str | None]]] = {start: []}
+    frontier = [start]
     while frontier:
         here = frontier.pop(0)
-        for (state, event), nxt in TABLE.items():
-            if state == here and nxt not in paths:
-                paths[nxt] = paths[here] + [event]
+        if here in goals:
+            return paths[here]
+        for event, to, nxt in _moves(here):
+            if nxt not in paths:
+                paths[nxt] = paths[here] + [(event, to)]
                 frontier.append(nxt)
-    return paths[target]
+    return None
 
 
 @pytest.fixture
@@ -342,14 +357,15 @@ def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database)
     with db.connect() as conn:
         for state in STATES:
             row_id, version = db.row_in(conn, state)
+            for event, to, target in _moves(state):
+                got = machine.transition(
+                    conn, row_id, event, expected_version=version, actor="test", to=to
+                )
+                assert got == version + 1
+                assert db.row(conn, row_id) == (target, version + 1)
+                conn.rollback()
             for event in EVENTS:
-                if (state, event) in TABLE:
-                    got = machine.transition(
-                        conn, row_id, event, expected_version=version, actor="test"
-                    )
-                    assert got == version + 1
-                    assert db.row(conn, row_id) == (TABLE[state, event], version + 1)
-                else:
+                if (state, event) not in TABLE and (state, event) not in CHOICES:
                     with pytest.raises(machine.IllegalTransition) as raised:
                         machine.transition(
                             conn, row_id, event, expected_version=version, actor="test"
@@ -363,7 +379,7 @@ def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database)
 
 
 def test_db_illegal_writes_are_refused(db: Database) -> None:
-    pairs = {(state, target) for (state, _event), target in TABLE.items()}
+    pairs = {(state, target) for state in STATES for _event, _to, target in _moves(state)}
     move = f"UPDATE {SQL_TABLE} SET state = %s, state_version = state_version + %s WHERE id = %s"
     with db.connect() as conn:
         for state in STATES:
@@ -439,13 +455,15 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
         rows = [db.new_row(conn) for _ in range(10)]
         for row_id in rows:
             state, version = INITIAL, 0
+            fired: collections.Counter[str] = collections.Counter()
             for _ in range(rng.randrange(12)):
-                moves = [(e, t) for (s, e), t in TABLE.items() if s == state]
+                moves = [m for m in _moves(state) if m[0] not in CAPS or fired[m[0]] < CAPS[m[0]]]
                 if not moves:
                     break
-                event, state = rng.choice(moves)
+                event, to, state = rng.choice(moves)
+                fired[event] += 1
                 version = machine.transition(
-                    conn, row_id, event, expected_version=version, actor="test"
+                    conn, row_id, event, expected_version=version, actor="test", to=to
                 ) or -1
         sql = (
             f"SELECT version, from_state, event, to_state FROM {SQL_EVENTS}"
@@ -455,6 +473,39 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
             state, version = INITIAL, 0
             for at, from_state, event, to_state in conn.execute(sql, (row_id,)).fetchall():
                 assert (at, from_state) == (version + 1, state)
-                assert TABLE[from_state, event] == to_state
+                assert to_state in {t for e, _to, t in _moves(from_state) if e == event}
                 state, version = to_state, at
             assert db.row(conn, row_id) == (state, version)
+
+
+def _apply_to(conn: typing.Any, row_id: typing.Any, event: str, version: int, to: str) -> typing.Any:
+    """`<machine>_apply(..., to_state => to)` itself, not through the module."""
+    sql = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
+    return conn.execute(sql, (row_id, event, version, to)).fetchone()[0]
+
+
+def test_db_every_target_of_every_choice_and_no_other(db: Database) -> None:
+    with db.connect() as conn:
+        for (state, event), targets in CHOICES.items():
+            row_id, version = db.row_in(conn, state)
+            for target in STATES:
+                if target in targets:
+                    assert _apply_to(conn, row_id, event, version, target) == version + 1
+                    assert db.row(conn, row_id) == (target, version + 1)
+                    conn.rollback()
+                else:
+                    sql = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
+                    refused = _refused(conn, sql, (row_id, event, version, target))
+                    assert refused == ILLEGAL_TRANSITION, (state, event, target)
+            sql = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => NULL)"
+            assert _refused(conn, sql, (row_id, event, version)) == ILLEGAL_TRANSITION
+            assert db.row(conn, row_id) == (state, version)
+        # A single target takes NULL (above) or its own target, and no other.
+        (state, event), target = next(iter(TABLE.items()))
+        row_id, version = db.row_in(conn, state)
+        assert _apply_to(conn, row_id, event, version, target) == version + 1
+        conn.rollback()
+        other = next((s for s in STATES if s != target), None)
+        if other is not None:
+            sql = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
+            assert _refused(conn, sql, (row_id, event, version, other)) == ILLEGAL_TRANSITION
