@@ -249,6 +249,8 @@ BYPASS_WRITE = "23F04"
 UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
 CHECK_VIOLATION = "23514"
+# <machine>_apply itself, not through the module: (id, event, expected_version, to_state).
+APPLY_TO = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
 
 
 @dataclasses.dataclass
@@ -475,34 +477,26 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
             assert db.row(conn, row_id) == (state, version)
 
 
-def _apply_to(conn: typing.Any, row_id: typing.Any, event: str, version: int, to: str) -> typing.Any:
-    """`<machine>_apply(..., to_state => to)` itself, not through the module."""
-    sql = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
-    return conn.execute(sql, (row_id, event, version, to)).fetchone()[0]
-
-
 def test_db_every_target_of_every_choice_and_no_other(db: Database) -> None:
     with db.connect() as conn:
         for (state, event), targets in CHOICES.items():
             row_id, version = db.row_in(conn, state)
             for target in STATES:
                 if target in targets:
-                    assert _apply_to(conn, row_id, event, version, target) == version + 1
+                    moved = conn.execute(APPLY_TO, (row_id, event, version, target)).fetchone()
+                    assert moved == (version + 1,)
                     assert db.row(conn, row_id) == (target, version + 1)
                     conn.rollback()
                 else:
-                    sql = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
-                    refused = _refused(conn, sql, (row_id, event, version, target))
+                    refused = _refused(conn, APPLY_TO, (row_id, event, version, target))
                     assert refused == ILLEGAL_TRANSITION, (state, event, target)
-            sql = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => NULL)"
-            assert _refused(conn, sql, (row_id, event, version)) == ILLEGAL_TRANSITION
+            assert _refused(conn, APPLY_TO, (row_id, event, version, None)) == ILLEGAL_TRANSITION
             assert db.row(conn, row_id) == (state, version)
         # A single target takes NULL (above) or its own target, and no other.
         (state, event), target = next(iter(TABLE.items()))
         row_id, version = db.row_in(conn, state)
-        assert _apply_to(conn, row_id, event, version, target) == version + 1
+        assert conn.execute(APPLY_TO, (row_id, event, version, target)).fetchone() == (version + 1,)
         conn.rollback()
         other = next((s for s in STATES if s != target), None)
         if other is not None:
-            sql = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
-            assert _refused(conn, sql, (row_id, event, version, other)) == ILLEGAL_TRANSITION
+            assert _refused(conn, APPLY_TO, (row_id, event, version, other)) == ILLEGAL_TRANSITION

@@ -238,6 +238,8 @@ BYPASS_WRITE = "23F04"
 UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
 CHECK_VIOLATION = "23514"
+# <machine>_apply itself, not through the module: (id, event, expected_version, to_state).
+APPLY_TO = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
 
 
 @dataclasses.dataclass

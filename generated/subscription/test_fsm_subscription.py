@@ -296,6 +296,8 @@ BYPASS_WRITE = "23F04"
 UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
 CHECK_VIOLATION = "23514"
+# <machine>_apply itself, not through the module: (id, event, expected_version, to_state).
+APPLY_TO = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
 
 
 @dataclasses.dataclass
@@ -522,9 +524,9 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
             assert db.row(conn, row_id) == (state, version)
 
 
-# Firing a capped event for real takes a way back to a source state of it and a
-# firing per unit of cap; past this many firings (or with no way back) the test sets
-# the count as the table's owner, with the table's triggers off for that one write.
+# A cap up to this is spent by firing its event for real, walking back to a source
+# of it in between; a larger one (or one with no way back) is set by the table's
+# owner, with the table's triggers off for that one write.
 _CAP_WALK_LIMIT = 50
 
 
@@ -577,10 +579,11 @@ def test_db_every_cap_is_refused_one_past_its_limit(db: Database) -> None:
             assert conn.execute(sql, (row_id,)).fetchone() == (cap,)
             to, target = _firing(state, event)
             # The N+1th firing, through <machine>_apply and through the module...
-            sql = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
-            assert _refused(conn, sql, (row_id, event, version, to)) == CAP_REACHED
+            assert _refused(conn, APPLY_TO, (row_id, event, version, to)) == CAP_REACHED
             with pytest.raises(machine.CapReached) as raised:
-                machine.transition(conn, row_id, event, expected_version=version, actor="test", to=to)
+                machine.transition(
+                    conn, row_id, event, expected_version=version, actor="test", to=to
+                )
             assert (raised.value.event, raised.value.cap) == (machine.Event(event), cap)
             conn.rollback()
             # ... and by a direct UPDATE that moves the row along it.
