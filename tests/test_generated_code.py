@@ -37,16 +37,16 @@ def copy_machine(name: str, tmp_path: Path) -> Path:
     return target
 
 
-def pytest_on(*folders: Path, cwd: Path | None = None, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The generated suites of `folders` run by pytest; their database part against
-    `dsn` (none: FSMC_PG_DSN as this process has it)."""
+def pytest_on(*folders: Path | str, cwd: Path | None = None, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The generated suites of `folders` (and any further pytest arguments) run by
+    pytest; their database part against `dsn` (None: FSMC_PG_DSN as this process has it)."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     if dsn is not None:
         env["FSMC_PG_DSN"] = dsn
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
          "-p", "no:hypothesispytest", *map(str, folders)],
-        cwd=cwd or folders[0], capture_output=True, text=True, env=env,
+        cwd=cwd or Path(folders[0]), capture_output=True, text=True, env=env,
     )  # fmt: skip
 
 
@@ -60,6 +60,19 @@ def test_the_generated_suite_passes_against_postgresql(name: str, pg_dsn: str, t
     done = pytest_on(folder, dsn=pg_dsn)
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout and " skipped" not in done.stdout, done.stdout
+
+
+def test_the_generated_suite_sets_a_cap_too_large_to_fire(pg_dsn: str, tmp_path: Path) -> None:
+    # Its database cap test fires a small cap for real (task's retry: 5) and sets a
+    # large one as the table's owner; here task's is "large", so that path runs too.
+    folder = copy_machine("task", tmp_path)
+    suite = folder / "test_fsm_task.py"
+    text = suite.read_text()
+    assert text.count("\n_CAP_WALK_LIMIT = 50\n") == 1
+    suite.write_text(text.replace("\n_CAP_WALK_LIMIT = 50\n", "\n_CAP_WALK_LIMIT = 4\n"))
+    done = pytest_on(folder, "-k", "test_db_every_cap", dsn=pg_dsn)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout, done.stdout
 
 
 def test_the_generated_suites_pass_without_a_database(tmp_path: Path) -> None:
