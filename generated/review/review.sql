@@ -118,84 +118,125 @@ RETURN '8135004d6518294a1feb0ff3bd3480dbf59da7e93eb284f3e8b772b0ab5c8e88';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION review_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 2;
+RETURN 3;
 
+-- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
+-- block at the end of this file creates the role if needed and gives it these functions).
+-- It is NOLOGIN and granted to no application, so the triggers below can tell these
+-- functions' writes, which keep to the spec by construction, from everyone else's, and
+-- skip their checks for them: enforcement then costs these calls almost nothing.
 CREATE FUNCTION review_apply(
     id bigint,
     event text,
     expected_version bigint,
     actor text,
-    payload jsonb DEFAULT NULL
+    payload jsonb DEFAULT NULL,
+    to_state text DEFAULT NULL
 ) RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
     v_event text := review_apply.event;
+    v_wanted text := review_apply.to_state;
     v_state text;
     v_version bigint;
     v_to text;
+    v_targets text[];
 BEGIN
     IF review_apply.id IS NULL OR v_event IS NULL OR review_apply.expected_version IS NULL
         OR review_apply.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'review_apply: id, event, expected_version and actor must not be NULL';
     END IF;
-    SELECT t.state, t.state_version INTO v_state, v_version
-    FROM reviews AS t WHERE t.id = review_apply.id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '23F03',
-            MESSAGE = pg_catalog.format('review %s does not exist', review_apply.id),
-            DETAIL = pg_catalog.format('id=%s', review_apply.id);
-    END IF;
-    -- The version before the event (contract 4.2): a caller who read an older
-    -- version learns that someone moved the row first, whatever its event.
-    IF v_version <> review_apply.expected_version THEN
-        RETURN NULL;
-    END IF;
-    -- The spec's table: state, then event, to the target state.
-    v_to := CASE v_state
-        WHEN 'draft' THEN CASE v_event WHEN 'submit' THEN 'open' WHEN 'withdraw' THEN 'withdrawn' END
-        WHEN 'open' THEN CASE v_event WHEN 'review' THEN 'approved' WHEN 'review' THEN 'changes_requested' WHEN 'review' THEN 'open' WHEN 'withdraw' THEN 'withdrawn' END
-        WHEN 'changes_requested' THEN CASE v_event WHEN 'revise' THEN 'open' WHEN 'withdraw' THEN 'withdrawn' END
-        WHEN 'approved' THEN CASE v_event WHEN 'merge' THEN 'merged' END
-    END;
-    IF v_to IS NULL THEN
-        IF NOT (v_event = ANY ('{"submit","review","revise","merge","withdraw"}'::text[])) THEN
-            RAISE EXCEPTION USING ERRCODE = '23F02',
-                MESSAGE = pg_catalog.format('review %s: unknown event "%s"', review_apply.id, v_event),
-                DETAIL = pg_catalog.format('event=%s', v_event),
-                HINT = 'the events are: submit, review, revise, merge, withdraw';
-        ELSIF v_state = ANY ('{"merged","withdrawn"}'::text[]) THEN
+    LOOP
+        -- The move, found and made by one UPDATE: the row, at the expected version,
+        -- joined to the spec's transitions out of its state on this event (a choice:
+        -- the target asked for; otherwise the one target).
+        -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
+        -- row version the winner left (EvalPlanQual), whose state_version no longer
+        -- matches: of two calls at one version, one moves the row.
+        UPDATE reviews AS t
+        SET state = x.to_state,
+            state_version = t.state_version + 1,
+            entered_at = pg_catalog.now()
+        FROM (VALUES
+            ('draft', 'submit', 'open', 'none', true),
+            ('open', 'review', 'approved', 'none', false),
+            ('open', 'review', 'changes_requested', 'none', false),
+            ('open', 'review', 'open', 'none', false),
+            ('changes_requested', 'revise', 'open', 'none', true),
+            ('approved', 'merge', 'merged', 'none', true),
+            ('draft', 'withdraw', 'withdrawn', 'none', true),
+            ('open', 'withdraw', 'withdrawn', 'none', true),
+            ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
+        ) AS x (from_state, event, to_state, lease, single)
+        WHERE t.id = review_apply.id
+          AND t.state_version = review_apply.expected_version
+          AND x.from_state = t.state AND x.event = v_event
+          AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+        RETURNING x.from_state, x.to_state INTO v_state, v_to;
+        IF FOUND THEN
+            INSERT INTO review_events (review_id, version, from_state, event, to_state, actor, payload)
+            VALUES (review_apply.id, review_apply.expected_version + 1, v_state, v_event, v_to,
+                    review_apply.actor, review_apply.payload);
+            RETURN review_apply.expected_version + 1;
+        END IF;
+
+        -- Nothing moved: find out why, in the order the contract gives.
+        SELECT t.state, t.state_version
+        INTO v_state, v_version
+        FROM reviews AS t WHERE t.id = review_apply.id;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = '23F03',
+                MESSAGE = pg_catalog.format('review %s does not exist', review_apply.id),
+                DETAIL = pg_catalog.format('id=%s', review_apply.id);
+        END IF;
+        -- The version before the event (contract 4.2): a caller who read an older
+        -- version learns that someone moved the row first, whatever its event.
+        IF v_version <> review_apply.expected_version THEN
+            RETURN NULL;
+        END IF;
+        v_targets := CASE v_state
+            WHEN 'draft' THEN CASE v_event WHEN 'submit' THEN '{"open"}'::text[] WHEN 'withdraw' THEN '{"withdrawn"}'::text[] END
+            WHEN 'open' THEN CASE v_event WHEN 'review' THEN '{"approved","changes_requested","open"}'::text[] WHEN 'withdraw' THEN '{"withdrawn"}'::text[] END
+            WHEN 'changes_requested' THEN CASE v_event WHEN 'revise' THEN '{"open"}'::text[] WHEN 'withdraw' THEN '{"withdrawn"}'::text[] END
+            WHEN 'approved' THEN CASE v_event WHEN 'merge' THEN '{"merged"}'::text[] END
+        END;
+        IF v_targets IS NULL THEN
+            IF NOT (v_event = ANY ('{"submit","review","revise","merge","withdraw"}'::text[])) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F02',
+                    MESSAGE = pg_catalog.format('review %s: unknown event "%s"', review_apply.id, v_event),
+                    DETAIL = pg_catalog.format('event=%s', v_event),
+                    HINT = 'the events are: submit, review, revise, merge, withdraw';
+            ELSIF v_state = ANY ('{"merged","withdrawn"}'::text[]) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F01',
+                    MESSAGE = pg_catalog.format('review %s is in terminal state "%s"; refusing event "%s"',
+                                     review_apply.id, v_state, v_event),
+                    DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
+            ELSE
+                RAISE EXCEPTION USING ERRCODE = '23F01',
+                    MESSAGE = pg_catalog.format('review %s has no transition from state "%s" on event "%s"',
+                                     review_apply.id, v_state, v_event),
+                    DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
+            END IF;
+        END IF;
+        IF v_wanted IS NULL AND pg_catalog.cardinality(v_targets) > 1 THEN
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = pg_catalog.format('review %s is in terminal state "%s"; refusing event "%s"',
-                                 review_apply.id, v_state, v_event),
-                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
-        ELSE
-            RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = pg_catalog.format('review %s has no transition from state "%s" on event "%s"',
-                                 review_apply.id, v_state, v_event),
+                MESSAGE = pg_catalog.format('review %s: event "%s" from state "%s" is a choice; pass to_state, one of %s',
+                                 review_apply.id, v_event, v_state, pg_catalog.array_to_string(v_targets, ', ')),
                 DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         END IF;
-    END IF;
-    -- The move, under the version check. A concurrent mover of this row makes this
-    -- wait, then re-check the WHERE on the row version it left (EvalPlanQual), whose
-    -- state_version no longer matches: of two calls at one version, one moves the row.
-    UPDATE reviews AS t
-    SET state = v_to,
-        entered_at = pg_catalog.now(),
-        state_version = t.state_version + 1
-    WHERE t.id = review_apply.id
-      AND t.state_version = review_apply.expected_version
-      AND t.state = v_state;
-    IF NOT FOUND THEN
-        RETURN NULL;  -- someone else moved it first
-    END IF;
-    INSERT INTO review_events (review_id, version, from_state, event, to_state, actor, payload)
-    VALUES (review_apply.id, review_apply.expected_version + 1, v_state, v_event, v_to,
-            review_apply.actor, review_apply.payload);
-    RETURN review_apply.expected_version + 1;
+        IF v_wanted IS NOT NULL AND NOT (v_wanted OPERATOR(pg_catalog.=) ANY (v_targets)) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = pg_catalog.format('review %s: event "%s" from state "%s" leads to %s, not to state "%s"',
+                                 review_apply.id, v_event, v_state, pg_catalog.array_to_string(v_targets, ', '), v_wanted),
+                DETAIL = pg_catalog.format('state=%s event=%s to_state=%s', v_state, v_event, v_wanted);
+        END IF;
+        -- The move is legal at this version: the row reached it after the UPDATE
+        -- looked (a caller who knew the version before its commit). Try again.
+    END LOOP;
 END
 $fsmc$;
 
@@ -205,7 +246,7 @@ CREATE FUNCTION review_claim(
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
 ) RETURNS TABLE (id bigint, state_version bigint)
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
@@ -229,18 +270,23 @@ BEGIN
     END IF;
     SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
     FROM (VALUES
-        ('draft', 'submit', 'open', 'none'),
-        ('open', 'review', 'approved', 'none'),
-        ('open', 'review', 'changes_requested', 'none'),
-        ('open', 'review', 'open', 'none'),
-        ('changes_requested', 'revise', 'open', 'none'),
-        ('approved', 'merge', 'merged', 'none'),
-        ('draft', 'withdraw', 'withdrawn', 'none'),
-        ('open', 'withdraw', 'withdrawn', 'none'),
-        ('changes_requested', 'withdraw', 'withdrawn', 'none')
-    ) AS x (from_state, event, to_state, lease)
+        ('draft', 'submit', 'open', 'none', true),
+        ('open', 'review', 'approved', 'none', false),
+        ('open', 'review', 'changes_requested', 'none', false),
+        ('open', 'review', 'open', 'none', false),
+        ('changes_requested', 'revise', 'open', 'none', true),
+        ('approved', 'merge', 'merged', 'none', true),
+        ('draft', 'withdraw', 'withdrawn', 'none', true),
+        ('open', 'withdraw', 'withdrawn', 'none', true),
+        ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
+    ) AS x (from_state, event, to_state, lease, single)
     WHERE x.event = v_event
-      AND (review_claim.to_state IS NULL OR x.to_state = review_claim.to_state);
+      AND (x.to_state = review_claim.to_state OR (review_claim.to_state IS NULL AND x.single));
+    IF v_sources IS NULL AND review_claim.to_state IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '23F01',
+            MESSAGE = pg_catalog.format('review_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
+            DETAIL = pg_catalog.format('event=%s', v_event);
+    END IF;
     IF v_sources IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('review_claim: no transition on event "%s" leads to state "%s"',
@@ -268,18 +314,18 @@ BEGIN
                 entered_at = pg_catalog.now()
             FROM picked AS p
             JOIN (VALUES
-                ('draft', 'submit', 'open', 'none'),
-                ('open', 'review', 'approved', 'none'),
-                ('open', 'review', 'changes_requested', 'none'),
-                ('open', 'review', 'open', 'none'),
-                ('changes_requested', 'revise', 'open', 'none'),
-                ('approved', 'merge', 'merged', 'none'),
-                ('draft', 'withdraw', 'withdrawn', 'none'),
-                ('open', 'withdraw', 'withdrawn', 'none'),
-                ('changes_requested', 'withdraw', 'withdrawn', 'none')
-            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+                ('draft', 'submit', 'open', 'none', true),
+                ('open', 'review', 'approved', 'none', false),
+                ('open', 'review', 'changes_requested', 'none', false),
+                ('open', 'review', 'open', 'none', false),
+                ('changes_requested', 'revise', 'open', 'none', true),
+                ('approved', 'merge', 'merged', 'none', true),
+                ('draft', 'withdraw', 'withdrawn', 'none', true),
+                ('open', 'withdraw', 'withdrawn', 'none', true),
+                ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
             WHERE t.id = p.id AND t.state = p.state
-              AND (review_claim.to_state IS NULL OR x.to_state = review_claim.to_state)
+              AND (x.to_state = review_claim.to_state OR (review_claim.to_state IS NULL AND x.single))
             RETURNING t.id, x.from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO review_events (review_id, version, from_state, event, to_state, actor)
@@ -305,18 +351,18 @@ BEGIN
                 entered_at = pg_catalog.now()
             FROM picked AS p
             JOIN (VALUES
-                ('draft', 'submit', 'open', 'none'),
-                ('open', 'review', 'approved', 'none'),
-                ('open', 'review', 'changes_requested', 'none'),
-                ('open', 'review', 'open', 'none'),
-                ('changes_requested', 'revise', 'open', 'none'),
-                ('approved', 'merge', 'merged', 'none'),
-                ('draft', 'withdraw', 'withdrawn', 'none'),
-                ('open', 'withdraw', 'withdrawn', 'none'),
-                ('changes_requested', 'withdraw', 'withdrawn', 'none')
-            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+                ('draft', 'submit', 'open', 'none', true),
+                ('open', 'review', 'approved', 'none', false),
+                ('open', 'review', 'changes_requested', 'none', false),
+                ('open', 'review', 'open', 'none', false),
+                ('changes_requested', 'revise', 'open', 'none', true),
+                ('approved', 'merge', 'merged', 'none', true),
+                ('draft', 'withdraw', 'withdrawn', 'none', true),
+                ('open', 'withdraw', 'withdrawn', 'none', true),
+                ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
             WHERE t.id = p.id AND t.state = p.state
-              AND (review_claim.to_state IS NULL OR x.to_state = review_claim.to_state)
+              AND (x.to_state = review_claim.to_state OR (review_claim.to_state IS NULL AND x.single))
             RETURNING t.id, x.from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO review_events (review_id, version, from_state, event, to_state, actor)
@@ -380,10 +426,13 @@ CREATE FUNCTION review_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = pg_catalog.format('a review is born in state "draft" at version 0, not in state "%s" at version %s',
-                         NEW.state, NEW.state_version),
-        HINT = 'insert without state and state_version, then move the row with review_apply';
+    IF NEW.state IS DISTINCT FROM 'draft' OR NEW.state_version IS DISTINCT FROM 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '23F04',
+            MESSAGE = pg_catalog.format('a review is born in state "draft" at version 0, not in state "%s" at version %s',
+                             NEW.state, NEW.state_version),
+            HINT = 'insert without state and state_version, then move the row with review_apply';
+    END IF;
+    RETURN NEW;
 END
 $fsmc$;
 
@@ -476,11 +525,11 @@ FOR EACH ROW
 WHEN (NEW.state IS DISTINCT FROM 'draft' OR NEW.state_version IS DISTINCT FROM 0)
 EXECUTE FUNCTION review_guard_insert();
 
--- WHEN: a write that leaves state and state_version alone (a heartbeat) never
--- reaches the function.
+-- WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)
+-- never reaches the function, nor does one the writer role's functions make.
 CREATE TRIGGER review_guard_update BEFORE UPDATE ON reviews
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> 'review_fsmc_writer')
 EXECUTE FUNCTION review_guard_update();
 
 -- Checked at COMMIT, so a transaction may update the row and insert its event row in
@@ -488,12 +537,13 @@ EXECUTE FUNCTION review_guard_update();
 CREATE CONSTRAINT TRIGGER review_check_logged AFTER UPDATE ON reviews
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> 'review_fsmc_writer')
 EXECUTE FUNCTION review_check_logged();
 
 CREATE CONSTRAINT TRIGGER review_check_event AFTER INSERT ON review_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
+WHEN (CURRENT_USER <> 'review_fsmc_writer')
 EXECUTE FUNCTION review_check_event();
 
 CREATE TRIGGER review_events_append_only BEFORE UPDATE OR DELETE ON review_events
@@ -503,6 +553,58 @@ EXECUTE FUNCTION review_events_append_only();
 CREATE TRIGGER review_events_append_only_truncate BEFORE TRUNCATE ON review_events
 FOR EACH STATEMENT
 EXECUTE FUNCTION review_events_append_only();
+
+-- The writer role owns the functions that move rows (created if the installer may
+-- create roles; otherwise it must exist, NOLOGIN, granted to the installer).
+DO $fsmc$
+DECLARE
+    v_role pg_catalog.text := 'review_fsmc_writer';
+    v_schema pg_catalog.text := pg_catalog.current_schema();
+    v_function record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                       WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = pg_catalog.format('fsmc: role %I does not exist, and %I may not create roles; nothing was changed', v_role, CURRENT_USER),
+                HINT = pg_catalog.format('have an administrator run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I;', v_role, v_role, CURRENT_USER);
+        END IF;
+        BEGIN
+            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;  -- another installation made it meanwhile
+        END;
+        EXECUTE pg_catalog.format('GRANT %I TO %I', v_role, CURRENT_USER);
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role
+               AND (r.rolcanlogin OR r.rolsuper OR r.rolbypassrls)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: role %I can log in, is a superuser or bypasses row security: whoever became it would write rows past every check; nothing was changed', v_role),
+            HINT = pg_catalog.format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS;', v_role);
+    END IF;
+    IF NOT pg_catalog.pg_has_role(CURRENT_USER, v_role, 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: %I is not a member of role %I, so it cannot give it the functions; nothing was changed', CURRENT_USER, v_role),
+            HINT = pg_catalog.format('have an administrator run: GRANT %I TO %I;', v_role, CURRENT_USER);
+    END IF;
+    EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'reviews', v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'review_events', v_role);
+    FOR v_function IN
+        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"review_apply","review_claim","review_purge"}'::pg_catalog.text[])
+    LOOP
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"review_apply","review_claim"}'::pg_catalog.text[]) THEN
+            EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
+                                      v_schema, v_function.proname, v_function.args, v_role);
+        END IF;
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                  v_schema, v_function.proname, v_function.args);
+    END LOOP;
+END
+$fsmc$;
 
 -- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
 DO $fsmc$

@@ -39,8 +39,10 @@ CREATE TABLE subscriptions (
     state_version bigint NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     entered_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    extend_trial_count integer NOT NULL DEFAULT 0,
     CONSTRAINT subscriptions_pkey PRIMARY KEY (id),
-    CONSTRAINT subscriptions_state_check CHECK (state = ANY ('{"incomplete","incomplete_expired","trialing","active","past_due","unpaid","paused","canceled"}'::text[]))
+    CONSTRAINT subscriptions_state_check CHECK (state = ANY ('{"incomplete","incomplete_expired","trialing","active","past_due","unpaid","paused","canceled"}'::text[])),
+    CONSTRAINT subscriptions_extend_trial_count_check CHECK (extend_trial_count BETWEEN 0 AND 2)
 );
 
 -- The CHECKs hold the spec's names as one text[] constant each, the triples of the
@@ -125,86 +127,143 @@ RETURN 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION subscription_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 2;
+RETURN 3;
 
+-- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
+-- block at the end of this file creates the role if needed and gives it these functions).
+-- It is NOLOGIN and granted to no application, so the triggers below can tell these
+-- functions' writes, which keep to the spec by construction, from everyone else's, and
+-- skip their checks for them: enforcement then costs these calls almost nothing.
 CREATE FUNCTION subscription_apply(
     id uuid,
     event text,
     expected_version bigint,
     actor text,
-    payload jsonb DEFAULT NULL
+    payload jsonb DEFAULT NULL,
+    to_state text DEFAULT NULL
 ) RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
     v_event text := subscription_apply.event;
+    v_wanted text := subscription_apply.to_state;
     v_state text;
     v_version bigint;
     v_to text;
+    v_targets text[];
+    v_extend_trial_count integer;
 BEGIN
     IF subscription_apply.id IS NULL OR v_event IS NULL OR subscription_apply.expected_version IS NULL
         OR subscription_apply.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'subscription_apply: id, event, expected_version and actor must not be NULL';
     END IF;
-    SELECT t.state, t.state_version INTO v_state, v_version
-    FROM subscriptions AS t WHERE t.id = subscription_apply.id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '23F03',
-            MESSAGE = pg_catalog.format('subscription %s does not exist', subscription_apply.id),
-            DETAIL = pg_catalog.format('id=%s', subscription_apply.id);
-    END IF;
-    -- The version before the event (contract 4.2): a caller who read an older
-    -- version learns that someone moved the row first, whatever its event.
-    IF v_version <> subscription_apply.expected_version THEN
-        RETURN NULL;
-    END IF;
-    -- The spec's table: state, then event, to the target state.
-    v_to := CASE v_state
-        WHEN 'incomplete' THEN CASE v_event WHEN 'pay' THEN 'active' WHEN 'start_trial' THEN 'trialing' WHEN 'expire' THEN 'incomplete_expired' END
-        WHEN 'trialing' THEN CASE v_event WHEN 'end_trial' THEN 'active' WHEN 'extend_trial' THEN 'trialing' WHEN 'cancel' THEN 'canceled' END
-        WHEN 'active' THEN CASE v_event WHEN 'payment_failed' THEN 'past_due' WHEN 'pause' THEN 'paused' WHEN 'cancel' THEN 'canceled' END
-        WHEN 'past_due' THEN CASE v_event WHEN 'pay' THEN 'active' WHEN 'give_up' THEN 'unpaid' WHEN 'cancel' THEN 'canceled' END
-        WHEN 'unpaid' THEN CASE v_event WHEN 'pay' THEN 'active' WHEN 'cancel' THEN 'canceled' END
-        WHEN 'paused' THEN CASE v_event WHEN 'resume' THEN 'active' WHEN 'cancel' THEN 'canceled' END
-    END;
-    IF v_to IS NULL THEN
-        IF NOT (v_event = ANY ('{"pay","expire","start_trial","end_trial","extend_trial","payment_failed","give_up","pause","resume","cancel"}'::text[])) THEN
-            RAISE EXCEPTION USING ERRCODE = '23F02',
-                MESSAGE = pg_catalog.format('subscription %s: unknown event "%s"', subscription_apply.id, v_event),
-                DETAIL = pg_catalog.format('event=%s', v_event),
-                HINT = 'the events are: pay, expire, start_trial, end_trial, extend_trial, payment_failed, give_up, pause, resume, cancel';
-        ELSIF v_state = ANY ('{"incomplete_expired","canceled"}'::text[]) THEN
+    LOOP
+        -- The move, found and made by one UPDATE: the row, at the expected version,
+        -- joined to the spec's transitions out of its state on this event (a choice:
+        -- the target asked for; otherwise the one target, under its cap).
+        -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
+        -- row version the winner left (EvalPlanQual), whose state_version no longer
+        -- matches: of two calls at one version, one moves the row.
+        UPDATE subscriptions AS t
+        SET state = x.to_state,
+            state_version = t.state_version + 1,
+            extend_trial_count = t.extend_trial_count + CASE WHEN v_event = 'extend_trial' THEN 1 ELSE 0 END,
+            entered_at = pg_catalog.now()
+        FROM (VALUES
+            ('incomplete', 'pay', 'active', 'none', true),
+            ('incomplete', 'start_trial', 'trialing', 'none', true),
+            ('incomplete', 'expire', 'incomplete_expired', 'none', true),
+            ('trialing', 'end_trial', 'active', 'none', true),
+            ('trialing', 'extend_trial', 'trialing', 'none', true),
+            ('active', 'payment_failed', 'past_due', 'none', true),
+            ('past_due', 'pay', 'active', 'none', true),
+            ('past_due', 'give_up', 'unpaid', 'none', true),
+            ('unpaid', 'pay', 'active', 'none', true),
+            ('active', 'pause', 'paused', 'none', true),
+            ('paused', 'resume', 'active', 'none', true),
+            ('trialing', 'cancel', 'canceled', 'none', true),
+            ('active', 'cancel', 'canceled', 'none', true),
+            ('past_due', 'cancel', 'canceled', 'none', true),
+            ('unpaid', 'cancel', 'canceled', 'none', true),
+            ('paused', 'cancel', 'canceled', 'none', true)
+        ) AS x (from_state, event, to_state, lease, single)
+        WHERE t.id = subscription_apply.id
+          AND t.state_version = subscription_apply.expected_version
+          AND x.from_state = t.state AND x.event = v_event
+          AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+          AND (v_event <> 'extend_trial' OR t.extend_trial_count < 2)
+        RETURNING x.from_state, x.to_state INTO v_state, v_to;
+        IF FOUND THEN
+            INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor, payload)
+            VALUES (subscription_apply.id, subscription_apply.expected_version + 1, v_state, v_event, v_to,
+                    subscription_apply.actor, subscription_apply.payload);
+            RETURN subscription_apply.expected_version + 1;
+        END IF;
+
+        -- Nothing moved: find out why, in the order the contract gives.
+        SELECT t.state, t.state_version, t.extend_trial_count
+        INTO v_state, v_version, v_extend_trial_count
+        FROM subscriptions AS t WHERE t.id = subscription_apply.id;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = '23F03',
+                MESSAGE = pg_catalog.format('subscription %s does not exist', subscription_apply.id),
+                DETAIL = pg_catalog.format('id=%s', subscription_apply.id);
+        END IF;
+        -- The version before the event (contract 4.2): a caller who read an older
+        -- version learns that someone moved the row first, whatever its event.
+        IF v_version <> subscription_apply.expected_version THEN
+            RETURN NULL;
+        END IF;
+        v_targets := CASE v_state
+            WHEN 'incomplete' THEN CASE v_event WHEN 'pay' THEN '{"active"}'::text[] WHEN 'start_trial' THEN '{"trialing"}'::text[] WHEN 'expire' THEN '{"incomplete_expired"}'::text[] END
+            WHEN 'trialing' THEN CASE v_event WHEN 'end_trial' THEN '{"active"}'::text[] WHEN 'extend_trial' THEN '{"trialing"}'::text[] WHEN 'cancel' THEN '{"canceled"}'::text[] END
+            WHEN 'active' THEN CASE v_event WHEN 'payment_failed' THEN '{"past_due"}'::text[] WHEN 'pause' THEN '{"paused"}'::text[] WHEN 'cancel' THEN '{"canceled"}'::text[] END
+            WHEN 'past_due' THEN CASE v_event WHEN 'pay' THEN '{"active"}'::text[] WHEN 'give_up' THEN '{"unpaid"}'::text[] WHEN 'cancel' THEN '{"canceled"}'::text[] END
+            WHEN 'unpaid' THEN CASE v_event WHEN 'pay' THEN '{"active"}'::text[] WHEN 'cancel' THEN '{"canceled"}'::text[] END
+            WHEN 'paused' THEN CASE v_event WHEN 'resume' THEN '{"active"}'::text[] WHEN 'cancel' THEN '{"canceled"}'::text[] END
+        END;
+        IF v_targets IS NULL THEN
+            IF NOT (v_event = ANY ('{"pay","expire","start_trial","end_trial","extend_trial","payment_failed","give_up","pause","resume","cancel"}'::text[])) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F02',
+                    MESSAGE = pg_catalog.format('subscription %s: unknown event "%s"', subscription_apply.id, v_event),
+                    DETAIL = pg_catalog.format('event=%s', v_event),
+                    HINT = 'the events are: pay, expire, start_trial, end_trial, extend_trial, payment_failed, give_up, pause, resume, cancel';
+            ELSIF v_state = ANY ('{"incomplete_expired","canceled"}'::text[]) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F01',
+                    MESSAGE = pg_catalog.format('subscription %s is in terminal state "%s"; refusing event "%s"',
+                                     subscription_apply.id, v_state, v_event),
+                    DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
+            ELSE
+                RAISE EXCEPTION USING ERRCODE = '23F01',
+                    MESSAGE = pg_catalog.format('subscription %s has no transition from state "%s" on event "%s"',
+                                     subscription_apply.id, v_state, v_event),
+                    DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
+            END IF;
+        END IF;
+        IF v_wanted IS NULL AND pg_catalog.cardinality(v_targets) > 1 THEN
             RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = pg_catalog.format('subscription %s is in terminal state "%s"; refusing event "%s"',
-                                 subscription_apply.id, v_state, v_event),
-                DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
-        ELSE
-            RAISE EXCEPTION USING ERRCODE = '23F01',
-                MESSAGE = pg_catalog.format('subscription %s has no transition from state "%s" on event "%s"',
-                                 subscription_apply.id, v_state, v_event),
+                MESSAGE = pg_catalog.format('subscription %s: event "%s" from state "%s" is a choice; pass to_state, one of %s',
+                                 subscription_apply.id, v_event, v_state, pg_catalog.array_to_string(v_targets, ', ')),
                 DETAIL = pg_catalog.format('state=%s event=%s', v_state, v_event);
         END IF;
-    END IF;
-    -- The move, under the version check. A concurrent mover of this row makes this
-    -- wait, then re-check the WHERE on the row version it left (EvalPlanQual), whose
-    -- state_version no longer matches: of two calls at one version, one moves the row.
-    UPDATE subscriptions AS t
-    SET state = v_to,
-        entered_at = pg_catalog.now(),
-        state_version = t.state_version + 1
-    WHERE t.id = subscription_apply.id
-      AND t.state_version = subscription_apply.expected_version
-      AND t.state = v_state;
-    IF NOT FOUND THEN
-        RETURN NULL;  -- someone else moved it first
-    END IF;
-    INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor, payload)
-    VALUES (subscription_apply.id, subscription_apply.expected_version + 1, v_state, v_event, v_to,
-            subscription_apply.actor, subscription_apply.payload);
-    RETURN subscription_apply.expected_version + 1;
+        IF v_wanted IS NOT NULL AND NOT (v_wanted OPERATOR(pg_catalog.=) ANY (v_targets)) THEN
+            RAISE EXCEPTION USING ERRCODE = '23F01',
+                MESSAGE = pg_catalog.format('subscription %s: event "%s" from state "%s" leads to %s, not to state "%s"',
+                                 subscription_apply.id, v_event, v_state, pg_catalog.array_to_string(v_targets, ', '), v_wanted),
+                DETAIL = pg_catalog.format('state=%s event=%s to_state=%s', v_state, v_event, v_wanted);
+        END IF;
+        IF v_event = 'extend_trial' AND v_extend_trial_count >= 2 THEN
+            RAISE EXCEPTION USING ERRCODE = '23F07',
+                MESSAGE = pg_catalog.format('subscription %s: event "extend_trial" has fired %s times, its cap; refusing it in state "%s"',
+                                 subscription_apply.id, v_extend_trial_count, v_state),
+                DETAIL = pg_catalog.format('state=%s event=extend_trial count=%s cap=2', v_state, v_extend_trial_count);
+        END IF;
+        -- The move is legal at this version: the row reached it after the UPDATE
+        -- looked (a caller who knew the version before its commit). Try again.
+    END LOOP;
 END
 $fsmc$;
 
@@ -214,7 +273,7 @@ CREATE FUNCTION subscription_claim(
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
 ) RETURNS TABLE (id uuid, state_version bigint)
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
@@ -238,25 +297,30 @@ BEGIN
     END IF;
     SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
     FROM (VALUES
-        ('incomplete', 'pay', 'active', 'none'),
-        ('incomplete', 'start_trial', 'trialing', 'none'),
-        ('incomplete', 'expire', 'incomplete_expired', 'none'),
-        ('trialing', 'end_trial', 'active', 'none'),
-        ('trialing', 'extend_trial', 'trialing', 'none'),
-        ('active', 'payment_failed', 'past_due', 'none'),
-        ('past_due', 'pay', 'active', 'none'),
-        ('past_due', 'give_up', 'unpaid', 'none'),
-        ('unpaid', 'pay', 'active', 'none'),
-        ('active', 'pause', 'paused', 'none'),
-        ('paused', 'resume', 'active', 'none'),
-        ('trialing', 'cancel', 'canceled', 'none'),
-        ('active', 'cancel', 'canceled', 'none'),
-        ('past_due', 'cancel', 'canceled', 'none'),
-        ('unpaid', 'cancel', 'canceled', 'none'),
-        ('paused', 'cancel', 'canceled', 'none')
-    ) AS x (from_state, event, to_state, lease)
+        ('incomplete', 'pay', 'active', 'none', true),
+        ('incomplete', 'start_trial', 'trialing', 'none', true),
+        ('incomplete', 'expire', 'incomplete_expired', 'none', true),
+        ('trialing', 'end_trial', 'active', 'none', true),
+        ('trialing', 'extend_trial', 'trialing', 'none', true),
+        ('active', 'payment_failed', 'past_due', 'none', true),
+        ('past_due', 'pay', 'active', 'none', true),
+        ('past_due', 'give_up', 'unpaid', 'none', true),
+        ('unpaid', 'pay', 'active', 'none', true),
+        ('active', 'pause', 'paused', 'none', true),
+        ('paused', 'resume', 'active', 'none', true),
+        ('trialing', 'cancel', 'canceled', 'none', true),
+        ('active', 'cancel', 'canceled', 'none', true),
+        ('past_due', 'cancel', 'canceled', 'none', true),
+        ('unpaid', 'cancel', 'canceled', 'none', true),
+        ('paused', 'cancel', 'canceled', 'none', true)
+    ) AS x (from_state, event, to_state, lease, single)
     WHERE x.event = v_event
-      AND (subscription_claim.to_state IS NULL OR x.to_state = subscription_claim.to_state);
+      AND (x.to_state = subscription_claim.to_state OR (subscription_claim.to_state IS NULL AND x.single));
+    IF v_sources IS NULL AND subscription_claim.to_state IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '23F01',
+            MESSAGE = pg_catalog.format('subscription_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
+            DETAIL = pg_catalog.format('event=%s', v_event);
+    END IF;
     IF v_sources IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('subscription_claim: no transition on event "%s" leads to state "%s"',
@@ -274,6 +338,7 @@ BEGIN
             FROM subscriptions AS t
             WHERE t.state IN ('incomplete', 'trialing', 'active', 'past_due', 'unpaid', 'paused')
               AND t.state = ANY (v_sources)
+              AND (v_event <> 'extend_trial' OR t.extend_trial_count < 2)
             ORDER BY t.entered_at
             LIMIT subscription_claim.max_rows
             FOR UPDATE SKIP LOCKED
@@ -281,28 +346,29 @@ BEGIN
             UPDATE subscriptions AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
+                extend_trial_count = t.extend_trial_count + CASE WHEN v_event = 'extend_trial' THEN 1 ELSE 0 END,
                 entered_at = pg_catalog.now()
             FROM picked AS p
             JOIN (VALUES
-                ('incomplete', 'pay', 'active', 'none'),
-                ('incomplete', 'start_trial', 'trialing', 'none'),
-                ('incomplete', 'expire', 'incomplete_expired', 'none'),
-                ('trialing', 'end_trial', 'active', 'none'),
-                ('trialing', 'extend_trial', 'trialing', 'none'),
-                ('active', 'payment_failed', 'past_due', 'none'),
-                ('past_due', 'pay', 'active', 'none'),
-                ('past_due', 'give_up', 'unpaid', 'none'),
-                ('unpaid', 'pay', 'active', 'none'),
-                ('active', 'pause', 'paused', 'none'),
-                ('paused', 'resume', 'active', 'none'),
-                ('trialing', 'cancel', 'canceled', 'none'),
-                ('active', 'cancel', 'canceled', 'none'),
-                ('past_due', 'cancel', 'canceled', 'none'),
-                ('unpaid', 'cancel', 'canceled', 'none'),
-                ('paused', 'cancel', 'canceled', 'none')
-            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+                ('incomplete', 'pay', 'active', 'none', true),
+                ('incomplete', 'start_trial', 'trialing', 'none', true),
+                ('incomplete', 'expire', 'incomplete_expired', 'none', true),
+                ('trialing', 'end_trial', 'active', 'none', true),
+                ('trialing', 'extend_trial', 'trialing', 'none', true),
+                ('active', 'payment_failed', 'past_due', 'none', true),
+                ('past_due', 'pay', 'active', 'none', true),
+                ('past_due', 'give_up', 'unpaid', 'none', true),
+                ('unpaid', 'pay', 'active', 'none', true),
+                ('active', 'pause', 'paused', 'none', true),
+                ('paused', 'resume', 'active', 'none', true),
+                ('trialing', 'cancel', 'canceled', 'none', true),
+                ('active', 'cancel', 'canceled', 'none', true),
+                ('past_due', 'cancel', 'canceled', 'none', true),
+                ('unpaid', 'cancel', 'canceled', 'none', true),
+                ('paused', 'cancel', 'canceled', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
             WHERE t.id = p.id AND t.state = p.state
-              AND (subscription_claim.to_state IS NULL OR x.to_state = subscription_claim.to_state)
+              AND (x.to_state = subscription_claim.to_state OR (subscription_claim.to_state IS NULL AND x.single))
             RETURNING t.id, x.from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor)
@@ -318,6 +384,7 @@ BEGIN
             SELECT t.id, t.state
             FROM subscriptions AS t
             WHERE t.state = ANY (v_sources)
+              AND (v_event <> 'extend_trial' OR t.extend_trial_count < 2)
             ORDER BY t.entered_at
             LIMIT subscription_claim.max_rows
             FOR UPDATE SKIP LOCKED
@@ -325,28 +392,29 @@ BEGIN
             UPDATE subscriptions AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
+                extend_trial_count = t.extend_trial_count + CASE WHEN v_event = 'extend_trial' THEN 1 ELSE 0 END,
                 entered_at = pg_catalog.now()
             FROM picked AS p
             JOIN (VALUES
-                ('incomplete', 'pay', 'active', 'none'),
-                ('incomplete', 'start_trial', 'trialing', 'none'),
-                ('incomplete', 'expire', 'incomplete_expired', 'none'),
-                ('trialing', 'end_trial', 'active', 'none'),
-                ('trialing', 'extend_trial', 'trialing', 'none'),
-                ('active', 'payment_failed', 'past_due', 'none'),
-                ('past_due', 'pay', 'active', 'none'),
-                ('past_due', 'give_up', 'unpaid', 'none'),
-                ('unpaid', 'pay', 'active', 'none'),
-                ('active', 'pause', 'paused', 'none'),
-                ('paused', 'resume', 'active', 'none'),
-                ('trialing', 'cancel', 'canceled', 'none'),
-                ('active', 'cancel', 'canceled', 'none'),
-                ('past_due', 'cancel', 'canceled', 'none'),
-                ('unpaid', 'cancel', 'canceled', 'none'),
-                ('paused', 'cancel', 'canceled', 'none')
-            ) AS x (from_state, event, to_state, lease) ON x.from_state = p.state AND x.event = v_event
+                ('incomplete', 'pay', 'active', 'none', true),
+                ('incomplete', 'start_trial', 'trialing', 'none', true),
+                ('incomplete', 'expire', 'incomplete_expired', 'none', true),
+                ('trialing', 'end_trial', 'active', 'none', true),
+                ('trialing', 'extend_trial', 'trialing', 'none', true),
+                ('active', 'payment_failed', 'past_due', 'none', true),
+                ('past_due', 'pay', 'active', 'none', true),
+                ('past_due', 'give_up', 'unpaid', 'none', true),
+                ('unpaid', 'pay', 'active', 'none', true),
+                ('active', 'pause', 'paused', 'none', true),
+                ('paused', 'resume', 'active', 'none', true),
+                ('trialing', 'cancel', 'canceled', 'none', true),
+                ('active', 'cancel', 'canceled', 'none', true),
+                ('past_due', 'cancel', 'canceled', 'none', true),
+                ('unpaid', 'cancel', 'canceled', 'none', true),
+                ('paused', 'cancel', 'canceled', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
             WHERE t.id = p.id AND t.state = p.state
-              AND (subscription_claim.to_state IS NULL OR x.to_state = subscription_claim.to_state)
+              AND (x.to_state = subscription_claim.to_state OR (subscription_claim.to_state IS NULL AND x.single))
             RETURNING t.id, x.from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor)
@@ -410,10 +478,19 @@ CREATE FUNCTION subscription_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = '23F04',
-        MESSAGE = pg_catalog.format('a subscription is born in state "incomplete" at version 0, not in state "%s" at version %s',
-                         NEW.state, NEW.state_version),
-        HINT = 'insert without state and state_version, then move the row with subscription_apply';
+    IF NEW.state IS DISTINCT FROM 'incomplete' OR NEW.state_version IS DISTINCT FROM 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '23F04',
+            MESSAGE = pg_catalog.format('a subscription is born in state "incomplete" at version 0, not in state "%s" at version %s',
+                             NEW.state, NEW.state_version),
+            HINT = 'insert without state and state_version, then move the row with subscription_apply';
+    END IF;
+    IF NEW.extend_trial_count IS DISTINCT FROM 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '23F04',
+            MESSAGE = pg_catalog.format('a subscription is born with extend_trial_count at 0 (event "extend_trial" has not fired), not at %s',
+                             NEW.extend_trial_count),
+            HINT = 'insert without extend_trial_count; it counts the event''s firings';
+    END IF;
+    RETURN NEW;
 END
 $fsmc$;
 
@@ -423,12 +500,47 @@ $fsmc$;
 CREATE FUNCTION subscription_guard_update() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
+DECLARE
+    v_bumped integer := 0;
 BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"incomplete","incomplete_expired","trialing","active","past_due","unpaid","paused","canceled"}'::text[])) THEN
         RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
     END IF;
+    IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
+        RAISE EXCEPTION USING ERRCODE = '23F04',
+            MESSAGE = pg_catalog.format('subscription %s: a count changes only with a move on its event (%s)',
+                             OLD.id, pg_catalog.concat_ws(', ', CASE WHEN NEW.extend_trial_count IS DISTINCT FROM OLD.extend_trial_count THEN pg_catalog.format('extend_trial_count from %s to %s', OLD.extend_trial_count, NEW.extend_trial_count) END)),
+            DETAIL = pg_catalog.format('state=%s', OLD.state);
+    END IF;
     IF NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
         AND (OLD.state || ' ' || NEW.state) = ANY ('{"incomplete active","incomplete trialing","incomplete incomplete_expired","trialing active","trialing trialing","active past_due","past_due active","past_due unpaid","unpaid active","active paused","paused active","trialing canceled","active canceled","past_due canceled","unpaid canceled","paused canceled"}'::text[]) THEN
+        IF NEW.extend_trial_count IS DISTINCT FROM OLD.extend_trial_count THEN
+            IF NEW.extend_trial_count IS DISTINCT FROM OLD.extend_trial_count + 1 THEN
+                RAISE EXCEPTION USING ERRCODE = '23F04',
+                    MESSAGE = pg_catalog.format('subscription %s: a move adds one to extend_trial_count (event "extend_trial" fired) or leaves it, not from %s to %s',
+                                     OLD.id, OLD.extend_trial_count, NEW.extend_trial_count),
+                    DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
+            END IF;
+            IF NEW.extend_trial_count > 2 THEN
+                RAISE EXCEPTION USING ERRCODE = '23F07',
+                    MESSAGE = pg_catalog.format('subscription %s: event "extend_trial" has fired %s times, its cap; refusing it in state "%s"',
+                                     OLD.id, OLD.extend_trial_count, OLD.state),
+                    DETAIL = pg_catalog.format('state=%s event=extend_trial count=%s cap=2', OLD.state, OLD.extend_trial_count);
+            END IF;
+            IF NOT ((OLD.state || ' ' || NEW.state) = ANY ('{"trialing trialing"}'::text[])) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F04',
+                    MESSAGE = pg_catalog.format('subscription %s: extend_trial_count goes up only when event "extend_trial" fires, and it does not lead from state "%s" to state "%s"',
+                                     OLD.id, OLD.state, NEW.state),
+                    DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
+            END IF;
+            v_bumped := v_bumped + 1;
+        END IF;
+        IF v_bumped > 1 THEN
+            RAISE EXCEPTION USING ERRCODE = '23F04',
+                MESSAGE = pg_catalog.format('subscription %s: a move is one event, so at most one count goes up, not %s',
+                                 OLD.id, v_bumped),
+                DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
+        END IF;
         RETURN NEW;  -- along one of the spec's edges (none leaves a terminal)
     END IF;
     IF OLD.state = ANY ('{"incomplete_expired","canceled"}'::text[]) THEN
@@ -454,8 +566,10 @@ CREATE FUNCTION subscription_check_logged() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
+DECLARE
+    v_event text;
 BEGIN
-    PERFORM FROM subscription_events AS e
+    SELECT e.event INTO v_event FROM subscription_events AS e
     WHERE e.subscription_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
@@ -463,6 +577,12 @@ BEGIN
             MESSAGE = pg_catalog.format('subscription %s moved from state "%s" to state "%s" (version %s) without its row in subscription_events',
                              NEW.id, OLD.state, NEW.state, NEW.state_version),
             HINT = 'move rows with subscription_apply, which appends the event row';
+    END IF;
+    IF (v_event = 'extend_trial') IS DISTINCT FROM (NEW.extend_trial_count IS DISTINCT FROM OLD.extend_trial_count) THEN
+        RAISE EXCEPTION USING ERRCODE = '23F05',
+            MESSAGE = pg_catalog.format('subscription %s moved on event "%s" (version %s) with extend_trial_count going from %s to %s: it goes up by one when event "extend_trial" fires, and only then',
+                             NEW.id, v_event, NEW.state_version, OLD.extend_trial_count, NEW.extend_trial_count),
+            HINT = 'move rows with subscription_apply, which counts capped events';
     END IF;
     RETURN NULL;
 END
@@ -503,14 +623,14 @@ $fsmc$;
 
 CREATE TRIGGER subscription_guard_insert BEFORE INSERT ON subscriptions
 FOR EACH ROW
-WHEN (NEW.state IS DISTINCT FROM 'incomplete' OR NEW.state_version IS DISTINCT FROM 0)
+WHEN (NEW.state IS DISTINCT FROM 'incomplete' OR NEW.state_version IS DISTINCT FROM 0 OR NEW.extend_trial_count IS DISTINCT FROM 0)
 EXECUTE FUNCTION subscription_guard_insert();
 
--- WHEN: a write that leaves state and state_version alone (a heartbeat) never
--- reaches the function.
+-- WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)
+-- never reaches the function, nor does one the writer role's functions make.
 CREATE TRIGGER subscription_guard_update BEFORE UPDATE ON subscriptions
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version OR OLD.extend_trial_count IS DISTINCT FROM NEW.extend_trial_count) AND CURRENT_USER <> 'subscription_fsmc_writer')
 EXECUTE FUNCTION subscription_guard_update();
 
 -- Checked at COMMIT, so a transaction may update the row and insert its event row in
@@ -518,12 +638,13 @@ EXECUTE FUNCTION subscription_guard_update();
 CREATE CONSTRAINT TRIGGER subscription_check_logged AFTER UPDATE ON subscriptions
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version)
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> 'subscription_fsmc_writer')
 EXECUTE FUNCTION subscription_check_logged();
 
 CREATE CONSTRAINT TRIGGER subscription_check_event AFTER INSERT ON subscription_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
+WHEN (CURRENT_USER <> 'subscription_fsmc_writer')
 EXECUTE FUNCTION subscription_check_event();
 
 CREATE TRIGGER subscription_events_append_only BEFORE UPDATE OR DELETE ON subscription_events
@@ -533,6 +654,58 @@ EXECUTE FUNCTION subscription_events_append_only();
 CREATE TRIGGER subscription_events_append_only_truncate BEFORE TRUNCATE ON subscription_events
 FOR EACH STATEMENT
 EXECUTE FUNCTION subscription_events_append_only();
+
+-- The writer role owns the functions that move rows (created if the installer may
+-- create roles; otherwise it must exist, NOLOGIN, granted to the installer).
+DO $fsmc$
+DECLARE
+    v_role pg_catalog.text := 'subscription_fsmc_writer';
+    v_schema pg_catalog.text := pg_catalog.current_schema();
+    v_function record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                       WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = pg_catalog.format('fsmc: role %I does not exist, and %I may not create roles; nothing was changed', v_role, CURRENT_USER),
+                HINT = pg_catalog.format('have an administrator run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I;', v_role, v_role, CURRENT_USER);
+        END IF;
+        BEGIN
+            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;  -- another installation made it meanwhile
+        END;
+        EXECUTE pg_catalog.format('GRANT %I TO %I', v_role, CURRENT_USER);
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role
+               AND (r.rolcanlogin OR r.rolsuper OR r.rolbypassrls)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: role %I can log in, is a superuser or bypasses row security: whoever became it would write rows past every check; nothing was changed', v_role),
+            HINT = pg_catalog.format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS;', v_role);
+    END IF;
+    IF NOT pg_catalog.pg_has_role(CURRENT_USER, v_role, 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: %I is not a member of role %I, so it cannot give it the functions; nothing was changed', CURRENT_USER, v_role),
+            HINT = pg_catalog.format('have an administrator run: GRANT %I TO %I;', v_role, CURRENT_USER);
+    END IF;
+    EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'subscriptions', v_role);
+    EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'subscription_events', v_role);
+    FOR v_function IN
+        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_purge"}'::pg_catalog.text[])
+    LOOP
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim"}'::pg_catalog.text[]) THEN
+            EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
+                                      v_schema, v_function.proname, v_function.args, v_role);
+        END IF;
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                  v_schema, v_function.proname, v_function.args);
+    END LOOP;
+END
+$fsmc$;
 
 -- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
 DO $fsmc$

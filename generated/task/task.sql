@@ -37,8 +37,10 @@ CREATE TABLE tasks (
     claimed_by text,
     claimed_at timestamptz,
     heartbeat_at timestamptz,
+    retry_count integer NOT NULL DEFAULT 0,
     CONSTRAINT tasks_pkey PRIMARY KEY (id),
-    CONSTRAINT tasks_state_check CHECK (state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[]))
+    CONSTRAINT tasks_state_check CHECK (state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[])),
+    CONSTRAINT tasks_retry_count_check CHECK (retry_count BETWEEN 0 AND 5)
 ) WITH (fillfactor = 90);
 
 -- The CHECKs hold the spec's names as one text[] constant each, the triples of the
@@ -154,6 +156,7 @@ DECLARE
     v_version bigint;
     v_to text;
     v_targets text[];
+    v_retry_count integer;
 BEGIN
     IF task_apply.id IS NULL OR v_event IS NULL OR task_apply.expected_version IS NULL
         OR task_apply.actor IS NULL THEN
@@ -163,13 +166,14 @@ BEGIN
     LOOP
         -- The move, found and made by one UPDATE: the row, at the expected version,
         -- joined to the spec's transitions out of its state on this event (a choice:
-        -- the target asked for; otherwise the one target).
+        -- the target asked for; otherwise the one target, under its cap).
         -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
         -- row version the winner left (EvalPlanQual), whose state_version no longer
         -- matches: of two calls at one version, one moves the row.
         UPDATE tasks AS t
         SET state = x.to_state,
             state_version = t.state_version + 1,
+            retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
             entered_at = pg_catalog.now(),
             claimed_by = CASE x.lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
             claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
@@ -188,6 +192,7 @@ BEGIN
           AND t.state_version = task_apply.expected_version
           AND x.from_state = t.state AND x.event = v_event
           AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+          AND (v_event <> 'retry' OR t.retry_count < 5)
         RETURNING x.from_state, x.to_state INTO v_state, v_to;
         IF FOUND THEN
             INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
@@ -197,8 +202,8 @@ BEGIN
         END IF;
 
         -- Nothing moved: find out why, in the order the contract gives.
-        SELECT t.state, t.state_version
-        INTO v_state, v_version
+        SELECT t.state, t.state_version, t.retry_count
+        INTO v_state, v_version, v_retry_count
         FROM tasks AS t WHERE t.id = task_apply.id;
         IF NOT FOUND THEN
             RAISE EXCEPTION USING ERRCODE = '23F03',
@@ -245,6 +250,12 @@ BEGIN
                 MESSAGE = pg_catalog.format('task %s: event "%s" from state "%s" leads to %s, not to state "%s"',
                                  task_apply.id, v_event, v_state, pg_catalog.array_to_string(v_targets, ', '), v_wanted),
                 DETAIL = pg_catalog.format('state=%s event=%s to_state=%s', v_state, v_event, v_wanted);
+        END IF;
+        IF v_event = 'retry' AND v_retry_count >= 5 THEN
+            RAISE EXCEPTION USING ERRCODE = '23F07',
+                MESSAGE = pg_catalog.format('task %s: event "retry" has fired %s times, its cap; refusing it in state "%s"',
+                                 task_apply.id, v_retry_count, v_state),
+                DETAIL = pg_catalog.format('state=%s event=retry count=%s cap=5', v_state, v_retry_count);
         END IF;
         -- The move is legal at this version: the row reached it after the UPDATE
         -- looked (a caller who knew the version before its commit). Try again.
@@ -392,6 +403,7 @@ BEGIN
             FROM tasks AS t
             WHERE t.state IN ('new', 'failed')
               AND t.state = ANY (v_sources)
+              AND (v_event <> 'retry' OR t.retry_count < 5)
             ORDER BY t.entered_at
             LIMIT task_claim.max_rows
             FOR UPDATE SKIP LOCKED
@@ -399,6 +411,7 @@ BEGIN
             UPDATE tasks AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
+                retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
                 entered_at = pg_catalog.now(),
                 claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
@@ -431,6 +444,7 @@ BEGIN
             SELECT t.id, t.state
             FROM tasks AS t
             WHERE t.state = ANY (v_sources)
+              AND (v_event <> 'retry' OR t.retry_count < 5)
             ORDER BY t.entered_at
             LIMIT task_claim.max_rows
             FOR UPDATE SKIP LOCKED
@@ -438,6 +452,7 @@ BEGIN
             UPDATE tasks AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
+                retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
                 entered_at = pg_catalog.now(),
                 claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
@@ -524,6 +539,12 @@ BEGIN
                              NEW.state, NEW.state_version),
             HINT = 'insert without state and state_version, then move the row with task_apply';
     END IF;
+    IF NEW.retry_count IS DISTINCT FROM 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '23F04',
+            MESSAGE = pg_catalog.format('a task is born with retry_count at 0 (event "retry" has not fired), not at %s',
+                             NEW.retry_count),
+            HINT = 'insert without retry_count; it counts the event''s firings';
+    END IF;
     RETURN NEW;
 END
 $fsmc$;
@@ -534,12 +555,47 @@ $fsmc$;
 CREATE FUNCTION task_guard_update() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
+DECLARE
+    v_bumped integer := 0;
 BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[])) THEN
         RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
     END IF;
+    IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
+        RAISE EXCEPTION USING ERRCODE = '23F04',
+            MESSAGE = pg_catalog.format('task %s: a count changes only with a move on its event (%s)',
+                             OLD.id, pg_catalog.concat_ws(', ', CASE WHEN NEW.retry_count IS DISTINCT FROM OLD.retry_count THEN pg_catalog.format('retry_count from %s to %s', OLD.retry_count, NEW.retry_count) END)),
+            DETAIL = pg_catalog.format('state=%s', OLD.state);
+    END IF;
     IF NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
         AND (OLD.state || ' ' || NEW.state) = ANY ('{"new acquired","acquired working","acquired new","working done","acquired failed","working failed","failed new","failed dead"}'::text[]) THEN
+        IF NEW.retry_count IS DISTINCT FROM OLD.retry_count THEN
+            IF NEW.retry_count IS DISTINCT FROM OLD.retry_count + 1 THEN
+                RAISE EXCEPTION USING ERRCODE = '23F04',
+                    MESSAGE = pg_catalog.format('task %s: a move adds one to retry_count (event "retry" fired) or leaves it, not from %s to %s',
+                                     OLD.id, OLD.retry_count, NEW.retry_count),
+                    DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
+            END IF;
+            IF NEW.retry_count > 5 THEN
+                RAISE EXCEPTION USING ERRCODE = '23F07',
+                    MESSAGE = pg_catalog.format('task %s: event "retry" has fired %s times, its cap; refusing it in state "%s"',
+                                     OLD.id, OLD.retry_count, OLD.state),
+                    DETAIL = pg_catalog.format('state=%s event=retry count=%s cap=5', OLD.state, OLD.retry_count);
+            END IF;
+            IF NOT ((OLD.state || ' ' || NEW.state) = ANY ('{"failed new"}'::text[])) THEN
+                RAISE EXCEPTION USING ERRCODE = '23F04',
+                    MESSAGE = pg_catalog.format('task %s: retry_count goes up only when event "retry" fires, and it does not lead from state "%s" to state "%s"',
+                                     OLD.id, OLD.state, NEW.state),
+                    DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
+            END IF;
+            v_bumped := v_bumped + 1;
+        END IF;
+        IF v_bumped > 1 THEN
+            RAISE EXCEPTION USING ERRCODE = '23F04',
+                MESSAGE = pg_catalog.format('task %s: a move is one event, so at most one count goes up, not %s',
+                                 OLD.id, v_bumped),
+                DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
+        END IF;
         RETURN NEW;  -- along one of the spec's edges (none leaves a terminal)
     END IF;
     IF OLD.state = ANY ('{"done","dead"}'::text[]) THEN
@@ -565,8 +621,10 @@ CREATE FUNCTION task_check_logged() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
+DECLARE
+    v_event text;
 BEGIN
-    PERFORM FROM task_events AS e
+    SELECT e.event INTO v_event FROM task_events AS e
     WHERE e.task_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
@@ -574,6 +632,12 @@ BEGIN
             MESSAGE = pg_catalog.format('task %s moved from state "%s" to state "%s" (version %s) without its row in task_events',
                              NEW.id, OLD.state, NEW.state, NEW.state_version),
             HINT = 'move rows with task_apply, which appends the event row';
+    END IF;
+    IF (v_event = 'retry') IS DISTINCT FROM (NEW.retry_count IS DISTINCT FROM OLD.retry_count) THEN
+        RAISE EXCEPTION USING ERRCODE = '23F05',
+            MESSAGE = pg_catalog.format('task %s moved on event "%s" (version %s) with retry_count going from %s to %s: it goes up by one when event "retry" fires, and only then',
+                             NEW.id, v_event, NEW.state_version, OLD.retry_count, NEW.retry_count),
+            HINT = 'move rows with task_apply, which counts capped events';
     END IF;
     RETURN NULL;
 END
@@ -614,14 +678,14 @@ $fsmc$;
 
 CREATE TRIGGER task_guard_insert BEFORE INSERT ON tasks
 FOR EACH ROW
-WHEN (NEW.state IS DISTINCT FROM 'new' OR NEW.state_version IS DISTINCT FROM 0)
+WHEN (NEW.state IS DISTINCT FROM 'new' OR NEW.state_version IS DISTINCT FROM 0 OR NEW.retry_count IS DISTINCT FROM 0)
 EXECUTE FUNCTION task_guard_insert();
 
 -- WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)
 -- never reaches the function, nor does one the writer role's functions make.
 CREATE TRIGGER task_guard_update BEFORE UPDATE ON tasks
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> 'task_fsmc_writer')
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version OR OLD.retry_count IS DISTINCT FROM NEW.retry_count) AND CURRENT_USER <> 'task_fsmc_writer')
 EXECUTE FUNCTION task_guard_update();
 
 -- Checked at COMMIT, so a transaction may update the row and insert its event row in
