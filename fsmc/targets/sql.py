@@ -202,7 +202,7 @@ BEGIN
         FROM pg_catalog.pg_proc AS p
         JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
         WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({sql_text_array(functions).replace('::text[]', '::pg_catalog.text[]')})
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({_pg_text_array(functions)})
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
                                   v_function.nspname, v_function.proname, v_function.args,
@@ -210,6 +210,12 @@ BEGIN
     END LOOP;
 END
 $fsmc$;"""
+
+
+def _pg_text_array(names: Iterable[str]) -> str:
+    """A text[] literal whose type is named through pg_catalog (for DO blocks, which
+    run with the installer's search_path)."""
+    return sql_text_array(names).replace("::text[]", "::pg_catalog.text[]")
 
 
 def writer_functions(machine: Machine) -> list[str]:
@@ -237,7 +243,6 @@ def writer_setup(machine: Machine) -> str:
     README's grants). `fsmc migrate` runs it again after replacing functions."""
     owned, definers = [unquote(f) for f in writer_functions(machine)], [unquote(f) for f in callable_functions(machine)]
     n = Names.of(machine)
-    pg_array = lambda names: sql_text_array(names).replace("::text[]", "::pg_catalog.text[]")  # noqa: E731
     return f"""\
 -- The writer role owns the functions that move rows (created if the installer may
 -- create roles; otherwise it must exist, NOLOGIN, granted to the installer).
@@ -279,9 +284,9 @@ BEGIN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({pg_array(definers)})
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({_pg_text_array(definers)})
     LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({pg_array(owned)}) THEN
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({_pg_text_array(owned)}) THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
                                       v_schema, v_function.proname, v_function.args, v_role);
         END IF;
