@@ -12,18 +12,16 @@ the real server, as the application role unless a test says otherwise.
   COMMIT), and their CHECK holds when the triggers are off (23514);
 - random traffic leaves a log that replays to every row's state, version and counts.
 
-The machines are the 1.1 examples (tests/machines, or specs/ once they move there),
-each installed once per module: tests make their own rows, and the ones that scan the
-whole table (`_claim`) get a schema of their own.
+The machines are the 1.1 examples of specs/, each installed once per module: tests
+make their own rows, and the ones that scan the whole table (`_claim`) get a schema
+of their own.
 """
 
 from __future__ import annotations
 
 import random
-import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from functools import cache
 from typing import Any
 
 import psycopg
@@ -32,8 +30,7 @@ import pytest
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
 from fsmc.targets.sql import count_column
-from tests.conftest import ROOT, SPECS
-from tests.pg_scratch import Scratch, machine_from_text
+from tests.pg_scratch import Scratch, machine_of
 from tests.test_postgres import refused, refused_at_commit, snapshot, sqlstate_of
 
 CHOICE_MACHINES = ("review", "breaker")  # a choice with a self-loop target; one on a machine with no terminal
@@ -41,17 +38,10 @@ CAPPED_MACHINES = ("task", "subscription")  # retry capped at 5; a capped self-l
 MACHINES = CHOICE_MACHINES + CAPPED_MACHINES
 
 
-@cache
 def machine(name: str) -> Machine:
-    """The example machine called `name` that uses 1.1 (a choice or a cap), wherever it
-    lives: tests/machines (task_capped.yaml is `task` with caps) or specs/."""
-    for path in sorted((ROOT / "tests" / "machines").glob("*.yaml")) + sorted(SPECS.glob("*.yaml")):
-        text = path.read_text(encoding="utf-8")
-        if re.search(rf"^machine: {name}\s*$", text, re.MULTILINE):
-            m = machine_from_text(text, path.name)
-            if m.choices or m.cap_limits:
-                return m
-    raise AssertionError(f"no example machine {name!r} with a choice or a cap")
+    m = machine_of(name)
+    assert m.choices or m.cap_limits, f"specs/{name}.yaml uses neither a choice nor a cap"
+    return m
 
 
 @pytest.fixture(scope="module")
