@@ -390,6 +390,7 @@ class MigrateContext:
     lease_end: str | None  # a text[] literal
     plan: Plan
     digest_function: str  # NEW's digest function, replaced last
+    prepare: str  # the writer role made or checked, before triggers are created
     pin: str
 
 
@@ -446,5 +447,6 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         plan=plan(changes_from, changes_to),
         digest_function=digest.create(or_replace=True),
         # CREATE OR REPLACE drops a function's settings: pin every function again.
-        pin=sql_target.writer_setup(new) + "\n\n" + sql_target.pin_search_path(new_schema.function_names()),
+        prepare=sql_target.writer_prepare(new),
+        pin=sql_target.writer_setup(new) + "\n\n" + sql_target.pin_search_path(sql_target.function_names(new)),
     )

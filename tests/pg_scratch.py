@@ -53,18 +53,21 @@ GRANT SELECT ON {intervals} TO {role};
 GRANT EXECUTE ON FUNCTION {functions} TO {role};"""
 
 
-def ensure_writer(admin: psycopg.Connection[Any], machine: Machine, owner: str) -> None:
-    """The machine's writer role (cluster-wide, shared by every scratch schema of the
-    machine), made once by the superuser and granted to `owner`: an owner without
-    CREATEROLE, as the README's second install path has it. Serialized by an advisory
-    lock, since two test processes may make it at once."""
-    writer = sql_target.Names.of(machine).writer
-    with admin.transaction():
-        admin.execute("SELECT pg_advisory_xact_lock(hashtext('fsmc writer roles'))")
-        exists = admin.execute("SELECT FROM pg_roles WHERE rolname = %s", (writer,)).fetchone()
-        if exists is None:
-            admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(writer)))
-        admin.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(writer), sql.Identifier(owner)))
+def writer_of(conn: psycopg.Connection[Any], schema: str, machine: Machine) -> str | None:
+    """The writer role of the installation in `schema` (None: not installed)."""
+    fn = sql_target.Names.of(machine).writer
+    found = conn.execute("SELECT to_regprocedure(%s)", (f"{sql.Identifier(schema).as_string()}.{fn}()",)).fetchone()
+    if found is None or found[0] is None:
+        return None
+    row = conn.execute(f"SELECT {sql.Identifier(schema).as_string()}.{fn}()".encode()).fetchone()
+    return None if row is None else str(row[0])
+
+
+def drop_writer(admin: psycopg.Connection[Any], writer: str | None) -> None:
+    """Drop an installation's writer role (after its schema): roles outlive schemas."""
+    if writer is not None:
+        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(writer)))
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(writer)))
 
 
 def machine_of(name: str) -> Machine:
@@ -94,12 +97,13 @@ class Scratch:
         scratch = Scratch(dsn, machine, f"fsmc_owner_{tag}", f"fsmc_test_{tag}", text,
                           f"fsmc_app_{tag}")  # fmt: skip
         with psycopg.connect(dsn, autocommit=True) as admin:
-            for role in (scratch.role, scratch.app_role):
-                admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
-                              .format(sql.Identifier(role)))  # fmt: skip
+            # The owner may create roles: the file makes its installation's writer role.
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB CREATEROLE")
+                          .format(sql.Identifier(scratch.role)))  # fmt: skip
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+                          .format(sql.Identifier(scratch.app_role)))  # fmt: skip
             admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
                 sql.Identifier(scratch.schema), sql.Identifier(scratch.role)))  # fmt: skip
-            ensure_writer(admin, machine, scratch.role)
         try:
             with scratch.owner() as owner:
                 row = owner.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
@@ -151,7 +155,9 @@ class Scratch:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                           " WHERE usename IN (%s, %s) AND pid <> pg_backend_pid()",
                           (self.role, self.app_role))  # fmt: skip
+            writer = writer_of(admin, self.schema, self.machine)
             admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
+            drop_writer(admin, writer)
             for role in (self.app_role, self.role):
                 admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))

@@ -47,7 +47,7 @@ from fsmc.targets import sql as sql_target
 from fsmc.targets.pgschema import Column, Parameter, Schema, View, unquote
 from fsmc.targets.sql import Names
 from tests import test_postgres as tp
-from tests.pg_scratch import Scratch, machine_from_text, shortest_walk, states_reachable
+from tests.pg_scratch import writer_of, Scratch, machine_from_text, shortest_walk, states_reachable
 
 CASES = Path(__file__).resolve().parent / "migrate_cases"
 
@@ -224,9 +224,12 @@ def catalog(db: Scratch) -> Catalog:
     """The schema as the catalog describes it, with schema and role names normalised
     (a search_path that does not reach the schema makes every name qualified)."""
 
+    with psycopg.connect(db.dsn) as conn:
+        writer = writer_of(conn, db.schema, db.machine) or "no writer"
+
     def normal(value: Any) -> Any:
         if isinstance(value, str):
-            return value.replace(db.schema, "SCHEMA").replace(db.role, "OWNER").replace(db.app_role, "APP").removesuffix(" NOT VALID")
+            return value.replace(writer, "WRITER").replace(db.schema, "SCHEMA").replace(db.role, "OWNER").replace(db.app_role, "APP").removesuffix(" NOT VALID")
         if isinstance(value, list):
             return [normal(v) for v in value]
         return value
@@ -767,6 +770,11 @@ def assert_holds(db: Scratch, model: Schema) -> None:
     """The catalog holds `model`'s objects; a CHECK may be NOT VALID only where the model
     says old rows may break it (a history table's)."""
     got, want = database_objects(db), model_objects(db, model)
+    # Outside the model: the function naming the installation's writer role, made by
+    # the file's first block (its value is known only at install time).
+    writer = {f for f in got["functions"] if f[0] == unquote(db.names.writer)}
+    assert [f[4] for f in writer] == [writer_of(db.superuser(), db.schema, db.machine)], writer
+    got["functions"] -= writer
     not_valid = {(t, c) for t, c, d in got["constraints"] if d.endswith(" NOT VALID")}
     history = {(unquote(t.name), unquote(c.name)) for t in model.tables if t.history
                for c in t.constraints if c.check is not None}  # fmt: skip

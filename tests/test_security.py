@@ -23,6 +23,8 @@ example spec, and proves the attack fails or changes nothing:
 
 from __future__ import annotations
 
+import contextlib
+
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +44,8 @@ from tests.pg_scratch import (
     SPEC_NAMES,
     TIMEOUTS,
     Scratch,
-    ensure_writer,
+    drop_writer,
+    writer_of,
     machine_of,
     module_of,
     path_to,
@@ -261,11 +264,10 @@ def test_a_format_overload_in_public_is_never_called(pg_dsn: str, name: str, tmp
     database, owner, attacker = f"fsmc_sec_{tag}", f"fsmc_owner_{tag}", f"fsmc_evil_{tag}"
     id_type = machine.postgres.id_type
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        for role in (owner, attacker):
-            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(sql.Identifier(owner)))
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(attacker)))
         admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
             sql.Identifier(database), sql.Identifier(owner)))  # fmt: skip
-        ensure_writer(admin, machine, owner)
     dsn = make_conninfo(pg_dsn, dbname=database)
     try:
         with psycopg.connect(dsn, autocommit=True) as su:
@@ -309,10 +311,14 @@ def test_a_format_overload_in_public_is_never_called(pg_dsn: str, name: str, tmp
                     assert sqlstate_of(error) == "22023"
                 assert conn.execute("SELECT is_called FROM public.marker").fetchone() == (False,)
     finally:
+        writer = None
+        with contextlib.suppress(psycopg.OperationalError), psycopg.connect(dsn, autocommit=True) as su:
+            writer = writer_of(su, "public", machine)
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
                           (database,))  # fmt: skip
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(database)))
+            drop_writer(admin, writer)
             for role in (attacker, owner):
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 

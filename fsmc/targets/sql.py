@@ -137,7 +137,7 @@ class Names:
     events_fkey: str
     triple_check: str
     version_check: str
-    writer: str  # the NOLOGIN role that owns the functions moving rows (unquoted: a role)
+    writer: str  # the function naming this installation's writer role (writer_prepare)
 
     @staticmethod
     def of(machine: Machine) -> Names:
@@ -176,7 +176,7 @@ class Names:
             events_fkey=sql_ident(sql_name(events, "fkey")),
             triple_check=sql_ident(sql_name(events, "transition_check")),
             version_check=sql_ident(sql_name(events, "version_check")),
-            writer=sql_name(m, "fsmc_writer"),
+            writer=fn("fsmc_writer"),
         )
 
 
@@ -230,28 +230,43 @@ def callable_functions(machine: Machine) -> list[str]:
     return [*writer_functions(machine), Names.of(machine).purge]
 
 
-def writer_setup(machine: Machine) -> str:
-    """The statement that gives the functions moving rows to the machine's writer role.
+def writer_prepare(machine: Machine) -> str:
+    """The file's first statement: the writer role of this installation, made or checked.
 
-    The role (`Names.writer`) is NOLOGIN and cluster-wide: it is created here when the
-    installer may create roles, and must otherwise exist, granted to the installer
-    (the error says what to run). A role that can log in, is a superuser or bypasses
-    row security is refused: whoever became it would write past every check. The role
-    gets what the functions need on this schema (and CREATE on it, which PostgreSQL
-    asks of a function's owner), then owns them; EXECUTE on every SECURITY DEFINER
-    function is taken from PUBLIC, so only roles granted it can move rows (the
-    README's grants). `fsmc migrate` runs it again after replacing functions."""
-    owned, definers = [unquote(f) for f in writer_functions(machine)], [unquote(f) for f in callable_functions(machine)]
+    The role is NOLOGIN and one per installation (database, schema and machine): its
+    name is `<schema>_<machine>_writer_<hash>`, the hash over the database's and the
+    schema's names, so no two installations in one cluster share it and the owner of
+    one cannot use another's (an owner is a member of its own writer). It is created
+    here when the installer may create roles, and must otherwise exist, granted to the
+    installer: the error says exactly what an administrator runs, and it comes first,
+    so a refused install has changed nothing even without `psql -1`. A role that can
+    log in, is a superuser or bypasses row security is refused: whoever became it
+    would write rows past every check. Then `<machine>_fsmc_writer()` is (re)made to
+    return the name: the triggers' WHEN clauses call it, and PostgreSQL folds an
+    IMMUTABLE function into a constant when it prepares them, so the test costs a name
+    comparison. `fsmc migrate` runs this too (before it creates triggers)."""
     n = Names.of(machine)
     return f"""\
--- The writer role owns the functions that move rows (created if the installer may
--- create roles; otherwise it must exist, NOLOGIN, granted to the installer).
+-- This installation's writer role: it owns the functions that move rows. Made here if
+-- the installer may create roles; otherwise it must exist (NOLOGIN, granted to the
+-- installer), and this refuses before anything is created, saying what to run.
 DO $fsmc$
 DECLARE
-    v_role pg_catalog.text := {sql_str(n.writer)};
     v_schema pg_catalog.text := pg_catalog.current_schema();
-    v_function record;
+    v_head pg_catalog.text;
+    v_role pg_catalog.text;
 BEGIN
+    IF v_schema IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_schema_name',
+            MESSAGE = 'fsmc: no schema to install into: the search_path names no existing schema; nothing was changed',
+            HINT = 'set search_path to the schema to install into';
+    END IF;
+    v_head := v_schema || '_' || {sql_str(str(machine.name))};
+    WHILE pg_catalog.octet_length(v_head) > 40 LOOP
+        v_head := pg_catalog.left(v_head, -1);
+    END LOOP;
+    v_role := v_head || '_writer_' || pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+        pg_catalog.format('%I.%I', pg_catalog.current_database(), v_schema), 'UTF8')), 'hex'), 10);
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
                        WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN
@@ -259,11 +274,7 @@ BEGIN
                 MESSAGE = pg_catalog.format('fsmc: role %I does not exist, and %I may not create roles; nothing was changed', v_role, CURRENT_USER),
                 HINT = pg_catalog.format('have an administrator run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I;', v_role, v_role, CURRENT_USER);
         END IF;
-        BEGIN
-            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN
-            NULL;  -- another installation made it meanwhile
-        END;
+        EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
         EXECUTE pg_catalog.format('GRANT %I TO %I', v_role, CURRENT_USER);
     END IF;
     IF EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role
@@ -277,6 +288,29 @@ BEGIN
             MESSAGE = pg_catalog.format('fsmc: %I is not a member of role %I, so it cannot give it the functions; nothing was changed', CURRENT_USER, v_role),
             HINT = pg_catalog.format('have an administrator run: GRANT %I TO %I;', v_role, CURRENT_USER);
     END IF;
+    EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION %I.%I() RETURNS pg_catalog.name LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN %L::pg_catalog.name',
+                              v_schema, {sql_str(unquote(n.writer))}, v_role);
+END
+$fsmc$;"""
+
+
+def writer_setup(machine: Machine) -> str:
+    """The statement, after every function exists, that gives the writer role (see
+    `writer_prepare`) what the functions need on this schema (and CREATE on it, which
+    PostgreSQL asks of a function's owner), then the functions that move rows; and
+    takes EXECUTE on every SECURITY DEFINER function from PUBLIC, so only the roles
+    granted it can move rows (the README's grants). `fsmc migrate` runs it again after
+    replacing functions."""
+    owned, definers = [unquote(f) for f in writer_functions(machine)], [unquote(f) for f in callable_functions(machine)]
+    n = Names.of(machine)
+    return f"""\
+-- The writer role gets what the functions need, then the functions that move rows.
+DO $fsmc$
+DECLARE
+    v_role pg_catalog.text := {n.writer}();
+    v_schema pg_catalog.text := pg_catalog.current_schema();
+    v_function record;
+BEGIN
     EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, {sql_str(unquote(n.table))}, v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, {sql_str(unquote(n.events_table))}, v_role);
@@ -298,8 +332,9 @@ $fsmc$;"""
 
 
 def function_names(machine: Machine) -> list[str]:
-    """Every function the file creates, trigger functions included (names unquoted)."""
-    return schema(machine).function_names()
+    """Every function the file creates, trigger functions and the writer role's name
+    function (`writer_prepare`) included (names unquoted)."""
+    return [*schema(machine).function_names(), unquote(Names.of(machine).writer)]
 
 
 def count_column(event: str) -> str:
@@ -444,6 +479,7 @@ class FileContext:
     events: list[tuple[str, str]]
     codes: Codes
     statements: list[tuple[tuple[str, ...], str]]  # (comment lines, escaped; statement)
+    prepare: str  # the first statement (writer_prepare)
     pin: str
 
 
@@ -733,7 +769,7 @@ def schema(machine: Machine) -> Schema:
     )
     # A trigger's checks are for writes the writer role's functions did not make: those
     # moved the row along the spec and logged it in the same statement sequence.
-    not_writer = f"CURRENT_USER <> {sql_str(n.writer)}"
+    not_writer = f"CURRENT_USER <> {n.writer}()"
     moved = " OR ".join([_STATE_MOVED, *(f"OLD.{cap.column} IS DISTINCT FROM NEW.{cap.column}" for cap in c.caps)])
     triggers = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
@@ -767,7 +803,8 @@ def context(machine: Machine) -> FileContext:
         events=[(e, event_descriptions.get(e, "")) for e in m.event_names],
         codes=Codes(),
         statements=[(tuple(_comment(line) for line in c), s) for c, s in model.statements()],
-        pin=writer_setup(m) + "\n\n" + pin_search_path(model.function_names()),
+        prepare=writer_prepare(m),
+        pin=writer_setup(m) + "\n\n" + pin_search_path(function_names(m)),
     )
 
 

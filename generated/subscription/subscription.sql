@@ -31,7 +31,54 @@
 --
 -- Errors: 23F01 illegal transition, 23F02 unknown event, 23F03 unknown id,
 -- 23F04 a direct write the spec forbids, 23F05 (at COMMIT) a state change and
--- its event row that do not match, 23F06 UPDATE/DELETE/TRUNCATE on the event log.
+-- its event row that do not match, 23F06 UPDATE/DELETE/TRUNCATE on the event log,
+-- 23F07 a capped event past its cap.
+
+-- This installation's writer role: it owns the functions that move rows. Made here if
+-- the installer may create roles; otherwise it must exist (NOLOGIN, granted to the
+-- installer), and this refuses before anything is created, saying what to run.
+DO $fsmc$
+DECLARE
+    v_schema pg_catalog.text := pg_catalog.current_schema();
+    v_head pg_catalog.text;
+    v_role pg_catalog.text;
+BEGIN
+    IF v_schema IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_schema_name',
+            MESSAGE = 'fsmc: no schema to install into: the search_path names no existing schema; nothing was changed',
+            HINT = 'set search_path to the schema to install into';
+    END IF;
+    v_head := v_schema || '_' || 'subscription';
+    WHILE pg_catalog.octet_length(v_head) > 40 LOOP
+        v_head := pg_catalog.left(v_head, -1);
+    END LOOP;
+    v_role := v_head || '_writer_' || pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+        pg_catalog.format('%I.%I', pg_catalog.current_database(), v_schema), 'UTF8')), 'hex'), 10);
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                       WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = pg_catalog.format('fsmc: role %I does not exist, and %I may not create roles; nothing was changed', v_role, CURRENT_USER),
+                HINT = pg_catalog.format('have an administrator run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I;', v_role, v_role, CURRENT_USER);
+        END IF;
+        EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
+        EXECUTE pg_catalog.format('GRANT %I TO %I', v_role, CURRENT_USER);
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role
+               AND (r.rolcanlogin OR r.rolsuper OR r.rolbypassrls)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: role %I can log in, is a superuser or bypasses row security: whoever became it would write rows past every check; nothing was changed', v_role),
+            HINT = pg_catalog.format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS;', v_role);
+    END IF;
+    IF NOT pg_catalog.pg_has_role(CURRENT_USER, v_role, 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = pg_catalog.format('fsmc: %I is not a member of role %I, so it cannot give it the functions; nothing was changed', CURRENT_USER, v_role),
+            HINT = pg_catalog.format('have an administrator run: GRANT %I TO %I;', v_role, CURRENT_USER);
+    END IF;
+    EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION %I.%I() RETURNS pg_catalog.name LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN %L::pg_catalog.name',
+                              v_schema, 'subscription_fsmc_writer', v_role);
+END
+$fsmc$;
 
 CREATE TABLE subscriptions (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
@@ -630,7 +677,7 @@ EXECUTE FUNCTION subscription_guard_insert();
 -- never reaches the function, nor does one the writer role's functions make.
 CREATE TRIGGER subscription_guard_update BEFORE UPDATE ON subscriptions
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version OR OLD.extend_trial_count IS DISTINCT FROM NEW.extend_trial_count) AND CURRENT_USER <> 'subscription_fsmc_writer')
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version OR OLD.extend_trial_count IS DISTINCT FROM NEW.extend_trial_count) AND CURRENT_USER <> subscription_fsmc_writer())
 EXECUTE FUNCTION subscription_guard_update();
 
 -- Checked at COMMIT, so a transaction may update the row and insert its event row in
@@ -638,13 +685,13 @@ EXECUTE FUNCTION subscription_guard_update();
 CREATE CONSTRAINT TRIGGER subscription_check_logged AFTER UPDATE ON subscriptions
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> 'subscription_fsmc_writer')
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> subscription_fsmc_writer())
 EXECUTE FUNCTION subscription_check_logged();
 
 CREATE CONSTRAINT TRIGGER subscription_check_event AFTER INSERT ON subscription_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> 'subscription_fsmc_writer')
+WHEN (CURRENT_USER <> subscription_fsmc_writer())
 EXECUTE FUNCTION subscription_check_event();
 
 CREATE TRIGGER subscription_events_append_only BEFORE UPDATE OR DELETE ON subscription_events
@@ -655,39 +702,13 @@ CREATE TRIGGER subscription_events_append_only_truncate BEFORE TRUNCATE ON subsc
 FOR EACH STATEMENT
 EXECUTE FUNCTION subscription_events_append_only();
 
--- The writer role owns the functions that move rows (created if the installer may
--- create roles; otherwise it must exist, NOLOGIN, granted to the installer).
+-- The writer role gets what the functions need, then the functions that move rows.
 DO $fsmc$
 DECLARE
-    v_role pg_catalog.text := 'subscription_fsmc_writer';
+    v_role pg_catalog.text := subscription_fsmc_writer();
     v_schema pg_catalog.text := pg_catalog.current_schema();
     v_function record;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
-        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
-                       WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN
-            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
-                MESSAGE = pg_catalog.format('fsmc: role %I does not exist, and %I may not create roles; nothing was changed', v_role, CURRENT_USER),
-                HINT = pg_catalog.format('have an administrator run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I;', v_role, v_role, CURRENT_USER);
-        END IF;
-        BEGIN
-            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN
-            NULL;  -- another installation made it meanwhile
-        END;
-        EXECUTE pg_catalog.format('GRANT %I TO %I', v_role, CURRENT_USER);
-    END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role
-               AND (r.rolcanlogin OR r.rolsuper OR r.rolbypassrls)) THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
-            MESSAGE = pg_catalog.format('fsmc: role %I can log in, is a superuser or bypasses row security: whoever became it would write rows past every check; nothing was changed', v_role),
-            HINT = pg_catalog.format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS;', v_role);
-    END IF;
-    IF NOT pg_catalog.pg_has_role(CURRENT_USER, v_role, 'MEMBER') THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
-            MESSAGE = pg_catalog.format('fsmc: %I is not a member of role %I, so it cannot give it the functions; nothing was changed', CURRENT_USER, v_role),
-            HINT = pg_catalog.format('have an administrator run: GRANT %I TO %I;', v_role, CURRENT_USER);
-    END IF;
     EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'subscriptions', v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'subscription_events', v_role);
@@ -717,7 +738,7 @@ BEGIN
         FROM pg_catalog.pg_proc AS p
         JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
         WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_fsmc_digest","subscription_fsmc_format","subscription_apply","subscription_claim","subscription_purge","subscription_guard_insert","subscription_guard_update","subscription_check_logged","subscription_check_event","subscription_events_append_only"}'::pg_catalog.text[])
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_fsmc_digest","subscription_fsmc_format","subscription_apply","subscription_claim","subscription_purge","subscription_guard_insert","subscription_guard_update","subscription_check_logged","subscription_check_event","subscription_events_append_only","subscription_fsmc_writer"}'::pg_catalog.text[])
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
                                   v_function.nspname, v_function.proname, v_function.args,
