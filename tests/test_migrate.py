@@ -129,10 +129,10 @@ def fill(db: Scratch, *, keep: set[str] | None = None) -> None:
     `keep`, rows outside it walked on until they are in it (through _apply: history)."""
     m = db.machine
     with db.connect() as conn:
-        for source, event, _target in m.edges:
+        for source, event, target in m.edges:
             row_id, version = db.row_at(conn, source)
-            assert db.apply(conn, row_id, event, version, actor="history",
-                            payload=f'{{"edge": "{source} {event}"}}') == version + 1  # fmt: skip
+            assert db.apply(conn, row_id, event, version, actor="history", payload=f'{{"edge": "{source} {event}"}}',
+                            to_state=db.to_state(source, event, target)) == version + 1  # fmt: skip
             conn.commit()
         for state in states_reachable(m):
             db.row_at(conn, state)
@@ -141,8 +141,7 @@ def fill(db: Scratch, *, keep: set[str] | None = None) -> None:
         if keep is None:
             return
         for row_id, state, version in conn.execute(db.q("SELECT id, state, state_version FROM {table}")).fetchall():
-            for event in shortest_walk(m, state, keep):
-                version = db.apply(conn, row_id, event, version, actor="history")
+            db.walk(conn, row_id, state, version, shortest_walk(m, state, keep), actor="history")
         conn.commit()
 
 
@@ -293,15 +292,19 @@ def old_rows_move_on(db: Migrated, before: Data) -> None:
         for row_id, (state, version, *_claims) in before.rows.items():
             events = [e for (s, e) in m.table if s == state]
             for event in events:
-                assert db.apply(conn, row_id, event, version, actor="after") == version + 1
-                assert db.row(conn, row_id) == (m.table[state, event], version + 1)
-                conn.rollback()
+                for target in m.targets[state, event]:
+                    to_state = db.to_state(state, event, target)
+                    assert db.apply(conn, row_id, event, version, actor="after", to_state=to_state) == version + 1
+                    assert db.row(conn, row_id) == (target, version + 1)
+                    conn.rollback()
             for event in (e for e in m.event_names if (state, e) not in m.table):
                 with pytest.raises(psycopg.IntegrityError):
                     db.apply(conn, row_id, event, version)
                 conn.rollback()
             if events:
-                assert db.apply(conn, row_id, events[-1], version, actor="after") == version + 1
+                last = events[-1]
+                to_state = db.to_state(state, last, m.table[state, last])
+                assert db.apply(conn, row_id, last, version, actor="after", to_state=to_state) == version + 1
                 conn.commit()
                 moved += 1
         assert moved > 0
