@@ -349,7 +349,7 @@ MIGRATING = [
     "added_state", "removed_transition", "retargeted_transition", "made_terminal",
     "changed_initial", "added_event", "removed_event", "removed_state", "lease_added",
     "lease_removed", "lease_changed", "renamed_tables", "renamed_to_awkward_names",
-    "caps_added", "caps_raised", "caps_lowered", "caps_removed",
+    "caps_added", "caps_raised", "caps_lowered", "caps_removed", "choice_added", "choice_removed",
 ]  # fmt: skip
 
 
@@ -423,6 +423,11 @@ def test_the_cases_cover_what_migrate_must_handle() -> None:
     assert caps == {"caps_added": {("caps.retry", None, 2), ("caps.reclaim", None, 3)},
                     "caps_raised": {("caps.retry", 2, 5)}, "caps_lowered": {("caps.retry", 5, 2)},
                     "caps_removed": {("caps.retry", 2, None)}}  # fmt: skip
+    assert [(c.old_targets, c.new_targets) for c in changes("choice_added").choices] == [
+        (("completed",), ("completed", "failed"))]  # fmt: skip
+    assert [(c.old_targets, c.new_targets) for c in changes("choice_removed").choices] == [
+        (("completed", "failed"), ("completed",))]  # fmt: skip
+    assert spec("wildcard_sources", "new").wildcards and not spec("wildcard_sources", "old").wildcards
     for case in MIGRATING:
         assert migrate(spec(case, "old"), spec(case, "new")), case
 
@@ -430,7 +435,7 @@ def test_the_cases_cover_what_migrate_must_handle() -> None:
 # --- no migration -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["identical", "reordered"])
+@pytest.mark.parametrize("case", ["identical", "reordered", "wildcard_sources"])
 def test_specs_that_build_the_same_schema_need_no_migration(pg_dsn: str, case: str) -> None:
     old, new = spec(case, "old"), spec(case, "new")
     assert migrate(old, new) == ""
