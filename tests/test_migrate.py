@@ -173,7 +173,7 @@ def data(db: Scratch, machine: Machine) -> Data:
 CATALOG = {
     "relations": """
         SELECT c.relname, c.relkind, c.relpersistence, c.reloptions, pg_get_userbyid(c.relowner),
-               c.relacl::text
+               (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(c.relacl) a)::text
         FROM pg_class c WHERE c.relnamespace = %(ns)s::regnamespace""",
     "columns": """
         SELECT c.relname, row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
@@ -194,7 +194,8 @@ CATALOG = {
         WHERE c.relnamespace = %(ns)s::regnamespace""",
     "functions": """
         SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid),
-               pg_get_userbyid(p.proowner), p.proacl::text
+               pg_get_userbyid(p.proowner),
+               (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(p.proacl) a)::text
         FROM pg_proc p WHERE p.pronamespace = %(ns)s::regnamespace""",
     "triggers": """
         SELECT t.tgname, c.relname, pg_get_triggerdef(t.oid), t.tgenabled, t.tgdeferrable,
@@ -224,7 +225,9 @@ class Catalog:
 
 def catalog(db: Scratch) -> Catalog:
     """The schema as the catalog describes it, with schema and role names normalised
-    (a search_path that does not reach the schema makes every name qualified)."""
+    (a search_path that does not reach the schema makes every name qualified), and each
+    object's grants sorted (an ACL's order depends on the order of the GRANTs, not on
+    who may do what)."""
 
     def normal(value: Any) -> Any:
         if isinstance(value, str):
