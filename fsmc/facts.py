@@ -109,3 +109,12 @@ def lease_starts_and_ends(old: Machine, new: Machine) -> tuple[list[str], list[s
 def removed_states(old: Machine, new: Machine) -> list[str]:
     """The states of `old` that `new` lacks, in `old`'s order."""
     return [s for s in old.state_names if s not in new.state_names]
+
+
+def tightened_caps(old: Machine, new: Machine) -> list[tuple[str, int, bool]]:
+    """`new`'s caps that rows of `old` may already be past: (event, cap, added) for
+    each cap `old` lacks (added: its count starts from the row's history) or sets
+    higher, in `new`'s event order. A cap kept or raised needs no look: its count
+    is already within `old`'s cap."""
+    was = old.cap_limits
+    return [(e, cap, e not in was) for e, cap in new.cap_limits.items() if e not in was or was[e] > cap]

@@ -39,9 +39,13 @@ for the build):
    locks both tables (ACCESS EXCLUSIVE, the table before its log, as `_apply` does)
    and reads the digest again, so of two migrations run at once the second refuses.
    Then, if NEW removes states, it counts the rows still in them and refuses,
-   naming each such state and its row count.
+   naming each such state and its row count. Then, if NEW adds a cap or lowers
+   one, it counts from the event log the rows that have fired that event more
+   times than NEW's cap, and refuses, naming the event, the cap, the row count and
+   the most firings (the least cap that would keep them).
 3. Expand: renames (tables, and the constraint, index and identity-sequence names
-   derived from them), new columns, defaults, storage parameters, new or changed
+   derived from them), new columns, defaults, storage parameters, the count
+   column of each cap NEW adds filled from each row's history, new or changed
    indexes, and the claim columns of rows whose state gains or loses its lease.
 4. CHECK constraints whose definition changed are dropped and added again `NOT
    VALID`; views and functions replaced; triggers recreated.
@@ -54,6 +58,16 @@ for the build):
 6. Contract: triggers, functions, views, indexes, constraints and columns NEW lacks are
    dropped (a dependent object of the user's makes that fail, changing nothing).
 7. NEW's digest is recorded last, by replacing `<machine>_fsmc_digest()`.
+
+Caps. The event log is the truth of how often a row fired an event (a count
+column always equals its row's event rows of that event: `_apply`, claim, reclaim
+and the triggers keep it so). A cap NEW adds gets its column (`NOT NULL DEFAULT 0`,
+no rewrite), then one UPDATE sets it from the log for the rows that have history
+of that event; OLD's triggers are still installed then, and none fires on it:
+their WHEN clauses look only at state, state_version and OLD's own counts. A cap
+NEW adds or lowers is checked against the log first (above); one kept or raised
+needs no look, its count being within OLD's smaller or equal cap. Raising or
+lowering a cap replaces its CHECK; removing one drops its CHECK and column.
 
 Options. Table and events-table names may change: the tables, their derived
 constraint and index names and the id sequence are renamed (metadata only; code
@@ -385,6 +399,10 @@ class MigrateContext:
     apply_signature: str  # NEW's `_apply`, as regprocedure reads it
     digest_query: str
     removed_states: str | None  # a text[] literal
+    caps: list[CapChange]  # caps rows may already be past (added or lowered), NEW's event order
+    capped_events: str | None  # their events, a text[] literal
+    filled: list[CapChange]  # the added ones: their count columns are filled from history
+    filled_events: str | None  # their events, a text[] literal
     renames: Renames
     lease_start: str | None  # a text[] literal
     lease_end: str | None  # a text[] literal
@@ -392,6 +410,16 @@ class MigrateContext:
     digest_function: str  # NEW's digest function, replaced last
     prepare: str  # the writer role made or checked, before triggers are created
     pin: str
+
+
+@dataclass(frozen=True)
+class CapChange:
+    """A cap of NEW that rows may already be past: the guard counts them from history."""
+
+    event: str
+    cap: int
+    column: str  # its count column (sql_target.count_column)
+    added: bool  # OLD has no such cap: the column is added, then filled from history
 
 
 def format_upgrade(old: Schema, n: Names) -> list[str]:
@@ -420,6 +448,8 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
     )
     lease_start, lease_end = facts.lease_starts_and_ends(old, new)
     removed_states = facts.removed_states(old, new)
+    caps = [CapChange(e, cap, sql_target.count_column(e), added) for e, cap, added in facts.tightened_caps(old, new)]
+    filled = [c for c in caps if c.added]
     changes = []
     for r in rows(compare(old, new)):
         line = f"{r.mark} {r.kind} {r.subject}" + (f" ({r.note})" if r.note else "")
@@ -441,6 +471,10 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         writer_functions=", ".join(sql_target.callable_functions(new)),
         digest_query=f"SELECT {names.digest}()",
         removed_states=sql_text_array(removed_states) if removed_states else None,
+        caps=caps,
+        capped_events=sql_text_array(c.event for c in caps) if caps else None,
+        filled=filled,
+        filled_events=sql_text_array(c.event for c in filled) if filled else None,
         renames=Renames.of(old, new, old_schema),
         lease_start=sql_text_array(lease_start) if lease_start else None,
         lease_end=sql_text_array(lease_end) if lease_end else None,

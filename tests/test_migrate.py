@@ -13,9 +13,12 @@ in each state, so the log has history; the migration run as that owner with
 2. contract 4.2 holds on the migrated database: tests/test_postgres.py's own tests
    run on it, the old rows move on under NEW, and the log, read OLD-then-NEW,
    replays to every row;
-3. every row and every event is still there, unchanged.
+3. every row and every event is still there, unchanged, and each cap's count
+   column holds as many firings as the row's event rows of that event.
 
-The refusals leave the catalog and the data exactly as they were. Needs
+The refusals leave the catalog and the data exactly as they were: a state removed
+that rows are in, a cap added or lowered that rows are already past, another
+machine or version, a lock not granted. Needs
 FSMC_PG_DSN (see tests/conftest.py).
 """
 
@@ -129,10 +132,10 @@ def fill(db: Scratch, *, keep: set[str] | None = None) -> None:
     `keep`, rows outside it walked on until they are in it (through _apply: history)."""
     m = db.machine
     with db.connect() as conn:
-        for source, event, _target in m.edges:
+        for source, event, target in m.edges:
             row_id, version = db.row_at(conn, source)
-            assert db.apply(conn, row_id, event, version, actor="history",
-                            payload=f'{{"edge": "{source} {event}"}}') == version + 1  # fmt: skip
+            assert db.apply(conn, row_id, event, version, actor="history", payload=f'{{"edge": "{source} {event}"}}',
+                            to_state=db.to_state(source, event, target)) == version + 1  # fmt: skip
             conn.commit()
         for state in states_reachable(m):
             db.row_at(conn, state)
@@ -141,8 +144,7 @@ def fill(db: Scratch, *, keep: set[str] | None = None) -> None:
         if keep is None:
             return
         for row_id, state, version in conn.execute(db.q("SELECT id, state, state_version FROM {table}")).fetchall():
-            for event in shortest_walk(m, state, keep):
-                version = db.apply(conn, row_id, event, version, actor="history")
+            db.walk(conn, row_id, state, version, shortest_walk(m, state, keep), actor="history")
         conn.commit()
 
 
@@ -171,7 +173,7 @@ def data(db: Scratch, machine: Machine) -> Data:
 CATALOG = {
     "relations": """
         SELECT c.relname, c.relkind, c.relpersistence, c.reloptions, pg_get_userbyid(c.relowner),
-               c.relacl::text
+               (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(c.relacl) a)::text
         FROM pg_class c WHERE c.relnamespace = %(ns)s::regnamespace""",
     "columns": """
         SELECT c.relname, row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
@@ -192,7 +194,8 @@ CATALOG = {
         WHERE c.relnamespace = %(ns)s::regnamespace""",
     "functions": """
         SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid),
-               pg_get_userbyid(p.proowner), p.proacl::text
+               pg_get_userbyid(p.proowner),
+               (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(p.proacl) a)::text
         FROM pg_proc p WHERE p.pronamespace = %(ns)s::regnamespace""",
     "triggers": """
         SELECT t.tgname, c.relname, pg_get_triggerdef(t.oid), t.tgenabled, t.tgdeferrable,
@@ -222,7 +225,9 @@ class Catalog:
 
 def catalog(db: Scratch) -> Catalog:
     """The schema as the catalog describes it, with schema and role names normalised
-    (a search_path that does not reach the schema makes every name qualified)."""
+    (a search_path that does not reach the schema makes every name qualified), and each
+    object's grants sorted (an ACL's order depends on the order of the GRANTs, not on
+    who may do what)."""
 
     with psycopg.connect(db.dsn) as conn:
         writer = writer_of(conn, db.schema, db.machine) or "no writer"
@@ -296,15 +301,19 @@ def old_rows_move_on(db: Migrated, before: Data) -> None:
         for row_id, (state, version, *_claims) in before.rows.items():
             events = [e for (s, e) in m.table if s == state]
             for event in events:
-                assert db.apply(conn, row_id, event, version, actor="after") == version + 1
-                assert db.row(conn, row_id) == (m.table[state, event], version + 1)
-                conn.rollback()
+                for target in m.targets[state, event]:
+                    to_state = db.to_state(state, event, target)
+                    assert db.apply(conn, row_id, event, version, actor="after", to_state=to_state) == version + 1
+                    assert db.row(conn, row_id) == (target, version + 1)
+                    conn.rollback()
             for event in (e for e in m.event_names if (state, e) not in m.table):
                 with pytest.raises(psycopg.IntegrityError):
                     db.apply(conn, row_id, event, version)
                 conn.rollback()
             if events:
-                assert db.apply(conn, row_id, events[-1], version, actor="after") == version + 1
+                last = events[-1]
+                to_state = db.to_state(state, last, m.table[state, last])
+                assert db.apply(conn, row_id, last, version, actor="after", to_state=to_state) == version + 1
                 conn.commit()
                 moved += 1
         assert moved > 0
@@ -346,6 +355,7 @@ MIGRATING = [
     "added_state", "removed_transition", "retargeted_transition", "made_terminal",
     "changed_initial", "added_event", "removed_event", "removed_state", "lease_added",
     "lease_removed", "lease_changed", "renamed_tables", "renamed_to_awkward_names",
+    "caps_added", "caps_raised", "caps_lowered", "caps_removed", "choice_added", "choice_removed",
 ]  # fmt: skip
 
 
@@ -381,6 +391,8 @@ def test_a_migrated_database_is_a_fresh_build_of_new_holding_every_row_and_event
         assert after.events == before.events
         assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
         claims_after(old, new, before, after, started)
+        now, logged = counts(db, new)
+        assert now == logged  # each cap's count, as many as its event rows
 
         # (2) Contract 4.2 on the migrated database, old rows included.
         db2 = migrated(db, new, (old, before.versions))
@@ -412,6 +424,16 @@ def test_the_cases_cover_what_migrate_must_handle() -> None:
     assert spec("renamed_tables").postgres.id_type == "bigint"
     awkward = spec("renamed_to_awkward_names", "new").postgres
     assert (len(awkward.table), awkward.events_table) == (63, "user")
+    caps = {case: {(o.name, o.old, o.new) for o in changes(case).options}
+            for case in ("caps_added", "caps_raised", "caps_lowered", "caps_removed")}  # fmt: skip
+    assert caps == {"caps_added": {("caps.retry", None, 2), ("caps.reclaim", None, 3)},
+                    "caps_raised": {("caps.retry", 2, 5)}, "caps_lowered": {("caps.retry", 5, 2)},
+                    "caps_removed": {("caps.retry", 2, None)}}  # fmt: skip
+    assert [(c.old_targets, c.new_targets) for c in changes("choice_added").choices] == [
+        (("completed",), ("completed", "failed"))]  # fmt: skip
+    assert [(c.old_targets, c.new_targets) for c in changes("choice_removed").choices] == [
+        (("completed", "failed"), ("completed",))]  # fmt: skip
+    assert spec("wildcard_sources", "new").wildcards and not spec("wildcard_sources", "old").wildcards
     for case in MIGRATING:
         assert migrate(spec(case, "old"), spec(case, "new")), case
 
@@ -419,7 +441,7 @@ def test_the_cases_cover_what_migrate_must_handle() -> None:
 # --- no migration -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["identical", "reordered"])
+@pytest.mark.parametrize("case", ["identical", "reordered", "wildcard_sources"])
 def test_specs_that_build_the_same_schema_need_no_migration(pg_dsn: str, case: str) -> None:
     old, new = spec(case, "old"), spec(case, "new")
     assert migrate(old, new) == ""
@@ -603,6 +625,122 @@ def waiting(db: Scratch) -> int:
 def test_unsupported_option_changes_are_refused_before_any_sql(case: str, message: str) -> None:
     with pytest.raises(Unsupported, match=re.escape(message)):
         migrate(spec(case, "old"), spec(case, "new"))
+
+
+# --- caps: counts from history, and rows past a new cap ----------------------------------
+
+
+def fired(db: Scratch, conn: psycopg.Connection[Any], event: str, times: int) -> tuple[Any, int]:
+    """A row that has fired `event` `times` times, back in the event's first source state
+    (so it may fire it again); (id, version), committed."""
+    m = db.machine
+    source, target = next((s, t) for s, e, t in m.edges if e == event)
+    row_id, version = db.row_at(conn, source)
+    for _ in range(times):
+        version = db.walk(conn, row_id, source, version, [event, *shortest_walk(m, target, {source})])
+    conn.commit()
+    return row_id, version
+
+
+def counts(db: Scratch, machine: Machine) -> tuple[dict[Any, dict[str, int]], dict[Any, dict[str, int]]]:
+    """Per row, each capped event's count column, and the number of its event rows."""
+    n, caps = Names.of(machine), list(machine.cap_limits)
+    columns = "".join(f", {sql_target.count_column(e)}" for e in caps)
+    with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
+        rows = conn.execute(f"SELECT id{columns} FROM {n.table}".encode()).fetchall()
+        history = conn.execute(f"SELECT {n.id_column}, event, count(*) FROM {n.events_table}"
+                               f" WHERE event = ANY(%s) GROUP BY 1, 2".encode(), (caps,)).fetchall()  # fmt: skip
+    kept = {r[0]: dict(zip(caps, r[1:], strict=True)) for r in rows}
+    logged: dict[Any, dict[str, int]] = {r[0]: dict.fromkeys(caps, 0) for r in rows}
+    for row_id, event, number in history:
+        logged[row_id][event] = number
+    return kept, logged
+
+
+def fire_until_refused(db: Scratch, row_id: Any, event: str) -> int:
+    """Fire `event` on the row (round the loop back to its source) until the database
+    refuses it with 23F07; how many more times it fired."""
+    m = db.machine
+    source, target = next((s, t) for s, e, t in m.edges if e == event)
+    more = 0
+    with db.connect() as conn:
+        state, version = db.row(conn, row_id)
+        assert state == source
+        while True:
+            try:
+                version = db.walk(conn, row_id, source, version, [event])
+            except psycopg.Error as error:
+                assert tp.sqlstate_of(error) == "23F07", error
+                assert f'event "{event}" has fired {m.cap_limits[event]} times, its cap' in str(error)
+                conn.rollback()
+                return more
+            version = db.walk(conn, row_id, target, version, shortest_walk(m, target, {source}))
+            conn.commit()
+            more += 1
+            assert more <= 1000
+
+
+@pytest.mark.parametrize("case, over, message", [
+    ("caps_added", {"retry": [3, 4], "reclaim": [4]},
+     'event "reclaim" (cap 3): 1 row, with up to 4 firings, event "retry" (cap 2): 2 rows, with up to 4 firings'),
+    ("caps_lowered", {"retry": [3, 5, 5]}, 'event "retry" (cap 2): 3 rows, with up to 5 firings'),
+])  # fmt: skip
+def test_adding_or_lowering_a_cap_refuses_rows_past_it_and_fills_counts_from_history(
+    pg_dsn: str, case: str, over: dict[str, list[int]], message: str
+) -> None:
+    old, new = spec(case, "old"), spec(case, "new")
+    script = migrate(old, new)
+    with built(pg_dsn, old) as db:
+        fill(db)
+        with db.connect() as conn:
+            # Under and at each cap of NEW, and past it.
+            kept = {(e, k): fired(db, conn, e, k)[0] for e, cap in new.cap_limits.items() for k in (cap - 1, cap)}
+            past = [fired(db, conn, e, k)[0] for e, times in over.items() for k in times]
+        error = refused_changing_nothing(db, old, script)
+        assert f"fsmc migrate: rows of jobs have already fired an event more times than the new spec's cap on it:" \
+               f" {message}; nothing was changed" in error, error  # fmt: skip
+        assert "make each cap at least the most firings named, or purge those rows" in error and "job_purge" in error
+        # As the hint says: once those rows are finished and purged, the same script runs.
+        with db.connect() as conn:
+            for row_id in past:
+                state, version = db.row(conn, row_id)
+                db.walk(conn, row_id, state, version, shortest_walk(old, state, set(old.terminals)))
+            conn.commit()
+            assert conn.execute(db.q("SELECT {purge}('0', 1000)")).fetchone()[0] >= len(past)  # type: ignore[index]
+            conn.commit()
+        migrate_ok(db, script)
+        assert catalog(db).objects == catalog_of(pg_dsn, new).objects
+        now, logged = counts(db, new)
+        assert now == logged and any(c for row in now.values() for c in row.values())
+        db2 = migrated(db, new)
+        for (event, k), row_id in kept.items():
+            assert now[row_id][event] == k
+            assert fire_until_refused(db2, row_id, event) == new.cap_limits[event] - k
+
+
+@pytest.mark.parametrize("case", ["caps_raised", "caps_removed"])
+def test_raising_or_removing_a_cap_lets_rows_at_the_old_cap_fire_again(pg_dsn: str, case: str) -> None:
+    old, new = spec(case, "old"), spec(case, "new")
+    with built(pg_dsn, old) as db:
+        fill(db)
+        with db.connect() as conn:
+            rows = {k: fired(db, conn, "retry", k)[0] for k in range(old.cap_limits["retry"] + 1)}
+        assert fire_until_refused(db, rows[2], "retry") == 0  # at OLD's cap
+        migrate_ok(db, migrate(old, new))
+        assert catalog(db).objects == catalog_of(pg_dsn, new).objects
+        now, logged = counts(db, new)
+        assert now == logged
+        db2 = migrated(db, new)
+        if "retry" in new.cap_limits:
+            for k, row_id in rows.items():
+                assert now[row_id]["retry"] == k
+                assert fire_until_refused(db2, row_id, "retry") == new.cap_limits["retry"] - k
+        else:
+            assert "retry_count" not in {r[2] for r in catalog(db).objects["columns"]}
+            with db2.connect() as conn:
+                source_version = db2.row(conn, rows[2])[1]
+                assert db2.walk(conn, rows[2], "failed", source_version, ["retry"]) == source_version + 1
+                conn.commit()
 
 
 # --- renaming a state, as the module docstring says --------------------------------------

@@ -1,16 +1,20 @@
-"""A database an older fsmc built (schema format 1: no created_at/entered_at, claim,
-purge, intervals; no `<machine>_fsmc_format()`) is migrated, not taken for current
-(contract 6, issue 11).
+"""A database an older fsmc built is migrated, not taken for current (contract 6,
+issues 11 and 13): schema format 1 (no created_at/entered_at, claim, purge,
+intervals; no `<machine>_fsmc_format()`) and format 2 (an `_apply` without
+to_state; every function the owner's, EXECUTE on them PUBLIC's).
 
 tests/format_cases/added_state_old.format1.sql is what fsmc built for
 tests/migrate_cases/added_state/old.yaml before format 2 (the SQL template of that
-release, rendered for that spec)."""
+release, rendered for that spec); added_state_old.format2.sql what it built at
+format 2 (commit 9830bc5; its first lines say how it was made)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from fsmc.migrate import migrate
 from fsmc.targets.sql import SCHEMA_FORMAT, Names
@@ -28,6 +32,7 @@ from tests.test_migrate import (
 )
 
 FORMAT1 = ROOT / "tests" / "format_cases" / "added_state_old.format1.sql"
+FORMAT2 = ROOT / "tests" / "format_cases" / "added_state_old.format2.sql"
 
 
 def without_column_order(objects: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
@@ -93,3 +98,63 @@ def test_a_current_database_runs_the_same_script_without_the_format_step(pg_dsn:
             assert catalog(db).objects == catalog(fresh).objects
         with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
             assert conn.execute("SELECT job_fsmc_format()").fetchone() == (SCHEMA_FORMAT,)
+
+
+def test_a_format_2_database_keeps_who_may_move_rows_and_drops_its_old_apply(pg_dsn: str) -> None:
+    old, new = spec("added_state"), spec("added_state", "new")
+    db = Scratch.create(pg_dsn, old, FORMAT2.read_text(encoding="utf-8"))
+    reader = f"fsmc_reader_{uuid.uuid4().hex[:12]}"  # may read the rows, never moved them
+    try:
+        n = Names.of(old)
+        with db.owner() as owner:  # the grants of that release's README; EXECUTE was PUBLIC's
+            owner.execute(f"GRANT USAGE ON SCHEMA {db.schema} TO {db.app_role};"
+                          f" GRANT SELECT, INSERT, UPDATE ON {n.table} TO {db.app_role};"
+                          f" GRANT SELECT, INSERT ON {n.events_table} TO {db.app_role};"
+                          f" GRANT SELECT ON {n.intervals} TO {db.app_role}".encode())  # fmt: skip
+            owner.commit()
+            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (2,)
+        with db.superuser(autocommit=True) as su:
+            su.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(reader)))
+            su.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {r}; GRANT SELECT ON {} TO {r}").format(
+                sql.Identifier(db.schema), sql.SQL(n.table), r=sql.Identifier(reader)))  # fmt: skip
+        with db.connect() as app:  # through format 2's _apply, which has no to_state
+            rows = {s: db.row_at(app, s)[0] for s in ("queued", "running", "completed", "failed")}
+        before = data(db, old)
+
+        migrate_ok(db, migrate(old, new))
+
+        with db.superuser(autocommit=True) as su:
+            applies = su.execute("SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.proname = 'job_apply'"
+                                 " AND p.pronamespace = %s::regnamespace", (db.schema,)).fetchall()  # fmt: skip
+            assert applies == [("job_apply(uuid,text,bigint,text,jsonb,text)",)]  # search_path: the schema
+            may = "SELECT has_function_privilege(%s, %s, 'EXECUTE')"
+            for function in ("job_apply(uuid,text,bigint,text,jsonb,text)", "job_claim(text,text,integer,text)",
+                             "job_purge(interval,integer)", "job_reclaim(interval,text)"):  # fmt: skip
+                assert su.execute(may, (db.app_role, function)).fetchone() == (True,), function
+                assert su.execute(may, (reader, function)).fetchone() == (False,), function
+            su.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(reader)))
+        with built(pg_dsn, new) as fresh:
+            got, want = catalog(db), catalog(fresh)
+        for kind in CATALOG:  # owners and grants included: the writer's functions, EXECUTE the app's
+            assert got.objects[kind] == want.objects[kind], kind
+        after = data(db, new)
+        assert after.events == before.events
+        assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
+        with db.connect() as app:  # the application role moves rows as before, and with to_state
+            assert app.execute(db.q("SELECT {purge}('0', 100)")).fetchone() == (1,)  # the completed row
+            app.commit()
+            running = after.rows[rows["running"]][1]
+            assert db.apply(app, rows["running"], "pause", running, actor="app") == running + 1
+            assert db.apply(app, rows["running"], "resume", running + 1, actor="app", to_state="running") == running + 2
+            named = app.execute(db.q("SELECT {apply}(%s, 'finish', %s, 'app', to_state => 'completed')"),
+                                (rows["running"], running + 2)).fetchone()  # fmt: skip
+            assert named == (running + 3,)
+            claimed = app.execute(db.q("SELECT id FROM {claim}('claim', 'w', 100)")).fetchall()
+            assert claimed == [(rows["queued"],)]
+            app.commit()
+        behaves_as_contract_4_2(migrated(db, new, (old, before.versions)))
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            if admin.execute("SELECT FROM pg_roles WHERE rolname = %s", (reader,)).fetchone() is not None:
+                admin.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(reader)))
+        db.drop()

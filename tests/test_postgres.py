@@ -182,7 +182,8 @@ def test_apply_moves_along_every_transition_and_appends_its_event(db: Scratch) -
     with db.connect() as conn:
         for source_state, event, target in db.machine.edges:
             row_id, version = db.row_at(conn, source_state)
-            got = db.apply(conn, row_id, event, version, actor="alice", payload='{"k": [1, "two"]}')
+            got = db.apply(conn, row_id, event, version, actor="alice", payload='{"k": [1, "two"]}',
+                           to_state=db.to_state(source_state, event, target))  # fmt: skip
             assert got == version + 1
             assert db.row(conn, row_id) == (target, version + 1)
             last = conn.execute(db.q(
@@ -544,7 +545,8 @@ def test_lease_bookkeeping_on_every_transition(lease_db: Scratch) -> None:
             row_id, version = db.row_at(conn, source_state)
             before = lease_columns(db, conn, row_id)
             conn.commit()
-            assert db.apply(conn, row_id, event, version, actor="mover") == version + 1
+            assert db.apply(conn, row_id, event, version, actor="mover",
+                            to_state=db.to_state(source_state, event, target)) == version + 1  # fmt: skip
             by, at, beat, now = lease_columns(db, conn, row_id)
             if target in held and source_state not in held:
                 assert (by, at, beat) == ("mover", now, now), (source_state, target)
