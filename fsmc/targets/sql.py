@@ -818,6 +818,7 @@ class SuiteContext:
     events_table: str
     id_column: str
     apply: str
+    writer: str
     id_type: str
     codes: Codes
 
@@ -830,6 +831,7 @@ def test_context(machine: Machine) -> SuiteContext:
         events_table=names.events_table,
         id_column=names.id_column,
         apply=names.apply,
+        writer=names.writer,
         id_type=machine.postgres.id_type,
         codes=Codes(),
     )

@@ -363,7 +363,17 @@ def db() -> collections.abc.Iterator[Database]:
         yield database
     finally:
         with driver.connect(dsn, autocommit=True) as admin:
+            # The installation's writer role outlives its schema: drop it too.
+            found = admin.execute(
+                "SELECT to_regprocedure(%s) IS NOT NULL", (f'"{schema}".task_fsmc_writer()',)
+            ).fetchone()
+            writer = None
+            if found and found[0]:
+                writer = admin.execute(f'SELECT "{schema}".task_fsmc_writer()').fetchone()[0]
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            if writer is not None:
+                admin.execute(f'DROP OWNED BY "{writer}"')
+                admin.execute(f'DROP ROLE "{writer}"')
 
 
 def _refused(conn: typing.Any, sql: str, params: tuple[typing.Any, ...] = ()) -> str | None:
