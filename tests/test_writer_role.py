@@ -3,7 +3,7 @@ neither the application nor another installation's owner can use it.
 
 `<machine>_apply`, `_claim` and `_reclaim` are SECURITY DEFINER functions owned by a
 NOLOGIN role of their installation alone, `<schema>_<machine>` cut to 40 bytes, then
-`_writer_` and the first 10 hex digits of sha256(format('%I.%I', database, schema));
+`_writer_` and the first 10 hex digits of sha256(format('%I.%I.%I', database, schema, machine));
 `<machine>_fsmc_writer()` returns the name, and the triggers skip their checks for
 that role's writes only. The file's first statement makes or checks the role, so a
 refused install has created nothing, with or without `psql -1`. Every test drops the
@@ -24,11 +24,10 @@ roles, schemas and databases it made (`Cluster.drop` checks no writer is left).
   (the application's own writes get every check); an owner-added trigger runs as the
   writer inside `_apply`, which is the known price of the fast path.
 
-Kept as strict xfails, so that a fix turns them into failures to unmark: two machines
-in one schema share a writer when `<schema>_<machine>` is cut before the machine's
-name; and on PostgreSQL before 16 an owner with CREATEROLE can grant itself another
-installation's writer (a property of CREATEROLE there, which only owners without it
-avoid).
+Kept as a strict xfail, so that a change turns it into a failure to unmark: on
+PostgreSQL before 16 an owner with CREATEROLE can grant itself another installation's
+writer (a property of CREATEROLE there, which only owners without it avoid; the
+README says so).
 """
 
 from __future__ import annotations
@@ -91,7 +90,8 @@ def writer_name(database: str, schema: str, machine: Machine) -> str:
     head = f"{schema}_{machine.name}"
     while len(head.encode()) > 40:
         head = head[:-1]
-    digest = hashlib.sha256(f"{quote_ident(database)}.{quote_ident(schema)}".encode()).hexdigest()
+    triple = f"{quote_ident(database)}.{quote_ident(schema)}.{quote_ident(str(machine.name))}"
+    digest = hashlib.sha256(triple.encode()).hexdigest()
     return f"{head}_writer_{digest[:10]}"
 
 
@@ -360,10 +360,6 @@ def test_the_name_is_cut_to_40_bytes_on_a_character_and_hashes_the_quoted_names(
     assert len(head.encode()) == 39 and schema.startswith(head) and len(writer.encode()) <= 63
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: the hash is over database and schema only, so when `<schema>_<machine>` is cut"
-    " before the machine's name two machines in one schema get one writer, though the"
-    " role is documented as one per installation (and dropping one's drops the other's)"))  # fmt: skip
 def test_two_machines_in_one_long_named_schema_get_two_writers(cluster: Cluster) -> None:
     owner = cluster.role("CREATEROLE")
     schema = cluster.schema(owner, name="fsmc_w_" + uuid.uuid4().hex[:12] + "_long_schema_name_x")

@@ -234,8 +234,8 @@ def writer_prepare(machine: Machine) -> str:
     """The file's first statement: the writer role of this installation, made or checked.
 
     The role is NOLOGIN and one per installation (database, schema and machine): its
-    name is `<schema>_<machine>_writer_<hash>`, the hash over the database's and the
-    schema's names, so no two installations in one cluster share it and the owner of
+    name is `<schema>_<machine>` (cut to 40 bytes) `_writer_<hash>`, the hash over the
+    database's, the schema's and the machine's names, so no two installations in one cluster share it and the owner of
     one cannot use another's (an owner is a member of its own writer). It is created
     here when the installer may create roles, and must otherwise exist, granted to the
     installer: the error says exactly what an administrator runs, and it comes first,
@@ -266,7 +266,7 @@ BEGIN
         v_head := pg_catalog.left(v_head, -1);
     END LOOP;
     v_role := v_head || '_writer_' || pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
-        pg_catalog.format('%I.%I', pg_catalog.current_database(), v_schema), 'UTF8')), 'hex'), 10);
+        pg_catalog.format('%I.%I.%I', pg_catalog.current_database(), v_schema, {sql_str(str(machine.name))}), 'UTF8')), 'hex'), 10);
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
                        WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN

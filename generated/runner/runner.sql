@@ -42,7 +42,7 @@ BEGIN
         v_head := pg_catalog.left(v_head, -1);
     END LOOP;
     v_role := v_head || '_writer_' || pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
-        pg_catalog.format('%I.%I', pg_catalog.current_database(), v_schema), 'UTF8')), 'hex'), 10);
+        pg_catalog.format('%I.%I.%I', pg_catalog.current_database(), v_schema, 'runner'), 'UTF8')), 'hex'), 10);
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) v_role) THEN
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
                        WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolcreaterole OR r.rolsuper)) THEN
