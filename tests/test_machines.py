@@ -150,7 +150,4 @@ def test_every_machines_generated_suite_passes_against_postgresql(tmp_path: Path
     folders = _build(tmp_path)
     done = _pytest("-rs", *folders, cwd=tmp_path, dsn=pg_dsn)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
-    # Only the checks that need a move out of the initial state may skip (a machine
-    # whose initial state is a "choose" state with no events out of it has none).
-    skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
-    assert all(line.endswith("nothing leaves the initial state") for line in skips), skips
+    assert "skipped" not in done.stdout.splitlines()[-1], done.stdout[-3000:]

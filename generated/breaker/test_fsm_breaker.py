@@ -412,17 +412,17 @@ def test_db_illegal_writes_are_refused(db: Database) -> None:
                     assert _refused(conn, sql) == APPEND_ONLY
 
 
-@pytest.mark.skipif(not any(s == INITIAL for s, _e in TABLE), reason="nothing leaves the initial state")
+@pytest.mark.skipif(not _moves(INITIAL), reason="nothing leaves the initial state")
 def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) -> None:
-    event = next(e for (s, e) in TABLE if s == INITIAL)
+    event, to, _target = _moves(INITIAL)[0]
     with db.connect() as first, db.connect() as second:
         row_id = db.new_row(first)
         first.commit()
-        assert machine.transition(first, row_id, event, expected_version=0, actor="first") == 1
+        assert machine.transition(first, row_id, event, expected_version=0, actor="first", to=to) == 1
         results: list[int | None] = []
 
         def race() -> None:  # blocks on first's row lock until first commits
-            got = machine.transition(second, row_id, event, expected_version=0, actor="second")
+            got = machine.transition(second, row_id, event, expected_version=0, actor="second", to=to)
             results.append(got)
             second.commit()
 
@@ -437,19 +437,19 @@ def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) ->
         assert first.execute(sql, (row_id,)).fetchall() == [("first",)]
 
 
-@pytest.mark.skipif(not any(s == INITIAL for s, _e in TABLE), reason="nothing leaves the initial state")
+@pytest.mark.skipif(not _moves(INITIAL), reason="nothing leaves the initial state")
 def test_db_temporary_tables_named_like_the_schemas_change_nothing(db: Database) -> None:
     # The functions search pg_temp last (CVE-2018-1058): temporary tables a caller
     # names like the machine's table and its event log take no row and no event.
     real_table, real_events = f'"{db.schema}".{SQL_TABLE}', f'"{db.schema}".{SQL_EVENTS}'
-    event = next(e for (s, e) in TABLE if s == INITIAL)
+    event, to, _target = _moves(INITIAL)[0]
     with db.connect() as conn:
         row_id = db.new_row(conn)
         conn.commit()
         for name, real in ((SQL_TABLE, real_table), (SQL_EVENTS, real_events)):
             conn.execute(f"CREATE TEMP TABLE {name} (LIKE {real} INCLUDING DEFAULTS)")
         conn.commit()
-        assert machine.transition(conn, row_id, event, expected_version=0, actor="test") == 1
+        assert machine.transition(conn, row_id, event, expected_version=0, actor="test", to=to) == 1
         conn.commit()
         sql = f"SELECT event FROM {real_events} WHERE {SQL_ID_COLUMN} = %s"
         assert conn.execute(sql, (row_id,)).fetchall() == [(event,)]
