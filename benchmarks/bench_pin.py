@@ -4,10 +4,11 @@ Run: `python benchmarks/bench_pin.py [--dsn DSN] [--seconds S] [--rounds R]`
 (DSN defaults to $FSMC_PG_DSN, then postgresql://postgres@127.0.0.1:5432/postgres).
 
 Two scratch schemas get the same generated `job.sql` (benchmarks/bench_db.py's
-setup). In one, every function stays as built: pinned to `pg_catalog, <schema>,
-pg_temp`. In the other, the pins are taken back to what fsmc built before issue 8:
-`SET search_path FROM CURRENT` (the schema alone) on the functions that read
-tables, and nothing on the other trigger functions. `job_apply` is then timed on
+setup: installed by a non-superuser owner, called as an application role). In
+one, every function stays as built: pinned to `pg_catalog, <schema>, pg_temp`. In
+the other, the pins are taken back to what fsmc built before issue 8: `SET
+search_path FROM CURRENT` (the schema alone) on the functions that read tables,
+and nothing on the other trigger functions. `job_apply` is then timed on
 both, side by side, at 1 and 8 connections, in an order rotated round by round
 (bench_db's worker and measure: one process per connection, each transition its
 own transaction). Figures are medians; the ratio is the median of per-round
@@ -85,9 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if used is not None:
                     cpu[variant, conns].append(used)
     finally:
-        with psycopg.connect(args.dsn, autocommit=True) as conn:
-            for schema in schemas.values():
-                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        for schema in schemas.values():
+            bench_db.teardown(args.dsn, schema)
 
     has_cpu = all(len(v) == args.rounds for v in cpu.values())
     print(f"{'job_apply/s':<12}" + "".join(f"{f'{c} conn':>12}" for c in CONNECTIONS)
