@@ -235,9 +235,9 @@ def app_of(schema: str) -> str:
     return f"{schema}_app"
 
 
-def options(schema: str) -> str:
+def options(schema: str, sync: str = "on") -> str:
     """Session settings of every timed connection."""
-    return f"-c search_path={schema} -c synchronous_commit=on"
+    return f"-c search_path={schema} -c synchronous_commit={sync}"
 
 
 def setup(dsn: str, schema: str, machine: Machine) -> None:
@@ -306,9 +306,9 @@ def lease_change(source_state: str, target: str) -> str:
 
 
 def worker(dsn: str, schema: str, method: str, index: int, seconds: float,
-           barrier: Barrier, results: Any) -> None:  # fmt: skip
+           barrier: Barrier, results: Any, sync: str = "on") -> None:  # fmt: skip
     """One connection: warm up, wait for the others, run `method` for `seconds`."""
-    with psycopg.connect(dsn, user=app_of(schema), autocommit=True, options=options(schema)) as conn:
+    with psycopg.connect(dsn, user=app_of(schema), autocommit=True, options=options(schema, sync)) as conn:
         table = "jobs" if method == "apply" else "jobs_bare"
         rows = rows_of(conn, table, index)
         actor = f"worker-{index}"
@@ -359,14 +359,14 @@ def backend_cpu(pid: int) -> float | None:
 
 
 def measure(dsn: str, schema: str, method: str, connections: int,
-            seconds: float) -> tuple[float, float | None]:  # fmt: skip
+            seconds: float, sync: str = "on") -> tuple[float, float | None]:  # fmt: skip
     """Transitions per second of `connections` processes running `method` at once, and
     the server's CPU microseconds per transition (None when it cannot be read)."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(connections)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=worker, args=(dsn, schema, method, i, seconds, barrier, results))
+        ctx.Process(target=worker, args=(dsn, schema, method, i, seconds, barrier, results, sync))
         for i in range(connections)
     ]
     for p in procs:
@@ -449,6 +449,7 @@ class Pgbench:
     schema: str
     folder: Path
     program: str
+    sync: str = "on"
     next_row: int = FIRST_PGBENCH_ROW
 
     def run(self, method: str, clients: int, seconds: float) -> tuple[float, float | None]:
@@ -464,7 +465,7 @@ class Pgbench:
             script = self.folder / f"{method}.sql"
             script.write_text(pgbench_script(method), encoding="utf-8")
             target = conninfo.make_conninfo(self.dsn, user=app_of(self.schema),
-                                            options=options(self.schema))  # fmt: skip
+                                            options=options(self.schema, self.sync))  # fmt: skip
             proc = subprocess.Popen(
                 [self.program, "-n", "-M", "prepared", "-T", f"{seconds:g}", "-c", str(clients),
                  "-j", str(clients), "-D", "n=0", "-D", f"base={base}", "-f", str(script), target],
@@ -571,6 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true",
                         help="3 s runs, 1 round: a smoke run whose figures are not worth quoting")  # fmt: skip
+    parser.add_argument("--synchronous-commit", choices=("on", "off"), default="on",
+                        help="of every timed connection (the targets are set with it on)")  # fmt: skip
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--pgbench-only", action="store_true", help="skip the Python-client figures")
     only.add_argument("--python-only", action="store_true", help="skip the pgbench figures")
@@ -591,7 +594,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             " current_setting('shared_buffers'), current_setting('wal_sync_method')"
         ).fetchone()
     assert row is not None
-    print(f"PostgreSQL {row[0]} (synchronous_commit=on for every timed connection, fsync={row[1]},"
+    print(f"PostgreSQL {row[0]} (synchronous_commit={args.synchronous_commit} for every timed"
+          f" connection, fsync={row[1]},"
           f" wal_sync_method={row[3]}, shared_buffers={row[2]}); {machine_line()},"
           f" load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
     print(f"{args.rounds} round(s) of {args.seconds:g} s per (client, method, connections);"
@@ -604,7 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup(args.dsn, schema, JOB)
     try:
         with tempfile.TemporaryDirectory(prefix="fsmc_bench_") as folder:
-            bench = Pgbench(args.dsn, schema, Path(folder), program or "pgbench")
+            bench = Pgbench(args.dsn, schema, Path(folder), program or "pgbench", args.synchronous_commit)
             for r in range(args.rounds):
                 with psycopg.connect(args.dsn, autocommit=True) as conn:
                     conn.execute(f"SET search_path TO {schema}")
@@ -612,7 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shift = (r * 3) % len(triples)
                 for family, method, conns in triples[shift:] + triples[:shift]:
                     if family == "python":
-                        rate, used = measure(args.dsn, schema, method, conns, args.seconds)
+                        rate, used = measure(args.dsn, schema, method, conns, args.seconds,
+                                             args.synchronous_commit)  # fmt: skip
                     else:
                         rate, used = bench.run(method, conns, args.seconds)
                     tps[family, method, conns].append(rate)
