@@ -6,8 +6,8 @@ postgresql://postgres@127.0.0.1:5432/postgres). It uses this checkout's fsmc, bu
 specs/job.yaml and needs psycopg 3 and, for the pgbench figures, `pgbench` on PATH.
 
 The schema is installed as the README says: a scratch schema owned by a fresh
-non-superuser role (with CREATEROLE, which the schema may need to create its own
-NOLOGIN role), the generated `.sql` run as that owner, and an application role with
+non-superuser role (with CREATEROLE, so that the `.sql` creates its installation's
+NOLOGIN writer role), the generated `.sql` run as that owner, and an application role with
 only the README's grants (APP_GRANTS, as tests/pg_scratch.py has them). Every timed
 call runs as the application role, with synchronous_commit on, each transition its
 own transaction. Schema and roles are dropped at the end.
@@ -117,7 +117,8 @@ APP_GRANTS = """\
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT, INSERT, UPDATE ON jobs TO {role};
 GRANT SELECT, INSERT ON job_events TO {role};
-GRANT SELECT ON job_intervals TO {role};"""
+GRANT SELECT ON job_intervals TO {role};
+GRANT EXECUTE ON FUNCTION {functions} TO {role};"""
 
 
 def row_id(number: str) -> str:
@@ -174,22 +175,24 @@ def cycle() -> list[tuple[str, str, str, str]]:
 
 def unchecked_function(machine: Machine) -> str:
     """`job_apply_unchecked`: job_apply's signature and work on the bare copies, with
-    no checks: read the state, the spec's table to the target, the lease change, the
-    UPDATE under the version check, the event row. Nothing else: no NULL checks, no
+    no checks: read the state, the spec's table to the target and the lease change,
+    the UPDATE under the version check, the event row. Nothing else: no NULL checks, no
     refusals (an unknown move sets state NULL, which NOT NULL refuses), no SET clauses
     (job_apply pins search_path and turns seq scans off), not SECURITY DEFINER."""
-    held = facts.lease_states(machine)
-    table = "\n".join(
-        f"        WHEN {sql_str(s)} THEN CASE v_event"
-        + "".join(f" WHEN {sql_str(e)} THEN {sql_str(t)}" for e, t in moves) + " END"
-        for s, moves in facts.by_state(machine)
-    )  # fmt: skip
-    change = sql_target.change_expression(sql_target.sql_in("v_state", held),
-                                          sql_target.sql_in("v_to", held))  # fmt: skip
+
+    def by_move(value: Any) -> str:
+        """The spec's table as a CASE over v_state and v_event, of value(from, to)."""
+        return "\n".join(
+            f"        WHEN {sql_str(s)} THEN CASE v_event"
+            + "".join(f" WHEN {sql_str(e)} THEN {sql_str(value(s, t))}" for e, t in moves) + " END"
+            for s, moves in facts.by_state(machine)
+        )  # fmt: skip
+
     claims = ",\n        ".join(sql_target.claim_assignments("v_lease", "job_apply_unchecked.actor", "t"))
     return f"""
 CREATE FUNCTION job_apply_unchecked(
-    id uuid, event text, expected_version bigint, actor text, payload jsonb DEFAULT NULL
+    id uuid, event text, expected_version bigint, actor text, payload jsonb DEFAULT NULL,
+    to_state text DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
 AS $bench$
@@ -202,9 +205,11 @@ DECLARE
 BEGIN
     SELECT t.state INTO v_state FROM jobs_bare AS t WHERE t.id = job_apply_unchecked.id;
     v_to := CASE v_state
-{table}
+{by_move(lambda _s, t: t)}
     END;
-    v_lease := {change};
+    v_lease := CASE v_state
+{by_move(lambda s, t: facts.lease_change(machine, s, t).value)}
+    END;
     UPDATE jobs_bare AS t
     SET state = v_to,
         entered_at = pg_catalog.now(),
@@ -241,8 +246,9 @@ def options(schema: str, sync: str = "on") -> str:
 
 
 def setup(dsn: str, schema: str, machine: Machine) -> None:
-    """Roles, the generated schema installed by its owner, bare copies of its tables,
-    the unchecked function, and rows for every Python worker. `teardown` undoes it."""
+    """Roles, the generated schema installed by its owner (which creates its writer
+    role), bare copies of its tables, the unchecked function, and rows for every
+    Python worker. `teardown` undoes it."""
     owner, app = owner_of(schema), app_of(schema)
     rows = ROWS_PER_CONNECTION * max(CONNECTIONS)
     with psycopg.connect(dsn, autocommit=True) as admin:
@@ -252,7 +258,8 @@ def setup(dsn: str, schema: str, machine: Machine) -> None:
     try:
         with psycopg.connect(dsn, user=owner, options=f"-c search_path={schema}") as conn:
             conn.execute(sql_target.emit(machine).encode())  # one script, as psql -1 -f would
-            conn.execute(APP_GRANTS.format(schema=schema, role=app).encode())
+            functions = ", ".join(sql_target.callable_functions(machine))
+            conn.execute(APP_GRANTS.format(schema=schema, role=app, functions=functions).encode())
             # Bare copies: same columns, defaults, primary keys, partial indexes and
             # fillfactor; no CHECK, no trigger, no foreign key.
             conn.execute("CREATE TABLE jobs_bare (LIKE jobs INCLUDING DEFAULTS INCLUDING INDEXES)"
@@ -273,11 +280,15 @@ def setup(dsn: str, schema: str, machine: Machine) -> None:
 
 
 def teardown(dsn: str, schema: str) -> None:
-    """Drop the schema and its two roles."""
-    roles = (app_of(schema), owner_of(schema))
+    """Drop the schema, its two roles and the writer role its installation made."""
+    roles = [app_of(schema), owner_of(schema)]
     with psycopg.connect(dsn, autocommit=True) as admin:
+        name_of = f"{schema}.{sql_target.Names.of(JOB).writer}()"  # the writer's name
+        if admin.execute("SELECT to_regprocedure(%s)", (name_of,)).fetchone() != (None,):
+            found = admin.execute(f"SELECT {name_of}").fetchone()
+            roles += [] if found is None else [str(found[0])]
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                      " WHERE usename = ANY (%s) AND pid <> pg_backend_pid()", (list(roles),))  # fmt: skip
+                      " WHERE usename = ANY (%s) AND pid <> pg_backend_pid()", (roles,))  # fmt: skip
         admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         for role in roles:
             if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
