@@ -1,16 +1,17 @@
 """What the database's enforcement costs: `<machine>_apply` against hand-written paths.
 
 Run: `python benchmarks/bench_db.py [--dsn DSN] [--seconds S] [--rounds R] [--quick]
-[--pgbench-only | --python-only]` (DSN defaults to $FSMC_PG_DSN, then
+[--pgbench-only | --python-only] [--synchronous-commit off]` (DSN defaults to $FSMC_PG_DSN, then
 postgresql://postgres@127.0.0.1:5432/postgres). It uses this checkout's fsmc, builds
 specs/job.yaml and needs psycopg 3 and, for the pgbench figures, `pgbench` on PATH.
 
 The schema is installed as the README says: a scratch schema owned by a fresh
 non-superuser role (with CREATEROLE, so that the `.sql` creates its installation's
-NOLOGIN writer role), the generated `.sql` run as that owner, and an application role with
-only the README's grants (APP_GRANTS, as tests/pg_scratch.py has them). Every timed
-call runs as the application role, with synchronous_commit on, each transition its
-own transaction. Schema and roles are dropped at the end.
+NOLOGIN writer role), the generated `.sql` run as that owner, and an application
+role with only the README's grants (APP_GRANTS, as tests/pg_scratch.py has them).
+Every timed call runs as the application role, with synchronous_commit on (unless
+--synchronous-commit off), each transition its own transaction. Schema and roles,
+the writer included, are dropped at the end.
 
 Beside the generated tables, the owner makes bare copies (same columns, defaults,
 indexes and fillfactor; no CHECK, no trigger, no foreign key) and an unchecked
