@@ -885,7 +885,9 @@ def model_objects(db: Scratch, model: Schema) -> dict[str, set[tuple[Any, ...]]]
     with db.connect() as conn:
         for t in model.tables:
             conn.execute(t.create().replace("CREATE TABLE ", "CREATE TEMP TABLE ", 1).encode())
-        for statement in [i.create() for i in model.indexes] + [g.create() for g in model.triggers]:
+        writer = writer_of(conn, db.schema, db.machine)
+        triggers = [g.create(writer_role=writer) for g in model.triggers]
+        for statement in [i.create() for i in model.indexes] + triggers:
             conn.execute(statement.encode())
         row = conn.execute("SELECT pg_catalog.pg_my_temp_schema()::oid").fetchone()
         assert row is not None

@@ -175,21 +175,53 @@ class Trigger:
     when: str | None = None
     deferred: bool = False  # a constraint trigger, DEFERRABLE INITIALLY DEFERRED
     comment: tuple[str, ...] = ()
+    # The function naming the installation's writer role (`sql.writer_prepare`): the
+    # trigger then fires only for writes of other roles. The role's name is known at
+    # install time only, so the statement is made there (see `create`).
+    writer: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.table, self.name)
 
-    def create(self) -> str:
+    def create(self, *, writer_role: str | None = None) -> str:
+        """The CREATE statement. For a trigger that skips the writer's writes, the WHEN
+        clause compares CURRENT_USER with the role's name as a literal (a function
+        call there would be evaluated every time PostgreSQL prepares the clause, for
+        every statement): given `writer_role`, the statement itself; otherwise a DO
+        block that reads the name from the install schema's writer function and
+        creates the trigger with it."""
+        when = self.when
+        if self.writer is not None:
+            role = "%L" if writer_role is None else sql_literal(writer_role)
+            when = f"({when}) AND CURRENT_USER <> {role}" if when else f"CURRENT_USER <> {role}"
         kind = "CONSTRAINT TRIGGER" if self.deferred else "TRIGGER"
         lines = [f"CREATE {kind} {self.name} {self.timing} {self.events} ON {self.table}"]
         if self.deferred:
             lines.append("DEFERRABLE INITIALLY DEFERRED")
         lines.append(f"FOR EACH {self.for_each}")
-        if self.when is not None:
-            lines.append(f"WHEN ({self.when})")
+        if when is not None:
+            lines.append(f"WHEN ({when})")
         lines.append(f"EXECUTE FUNCTION {self.function}();")
-        return "\n".join(lines)
+        statement = "\n".join(lines)
+        if self.writer is None or writer_role is not None:
+            return statement
+        assert "$trigger$" not in statement and "%" not in statement.replace("%L", "")
+        return "\n".join((
+            "DO $fsmc$",
+            "DECLARE",
+            "    v_writer pg_catalog.text;",
+            "BEGIN",
+            f"    EXECUTE pg_catalog.format('SELECT %I.{self.writer}()', pg_catalog.current_schema()) INTO v_writer;",
+            f"    EXECUTE pg_catalog.format($trigger${statement}$trigger$, v_writer);",
+            "END",
+            "$fsmc$;",
+        ))
+
+
+def sql_literal(text: str) -> str:
+    """A string literal (standard_conforming_strings on, as since PostgreSQL 9.1)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@
 -- its event row that do not match, 23F06 UPDATE/DELETE/TRUNCATE on the event log,
 -- 23F07 a capped event past its cap.
 
--- This installation's writer role: it owns the functions that move rows. Made here if
+-- This installation's writer role: it owns the functions that move rows, and the
+-- triggers below skip their checks for its writes (they name it in their WHEN clause). Made here if
 -- the installer may create roles; otherwise it must exist (NOLOGIN, granted to the
 -- installer), and this refuses before anything is created, saying what to run.
 DO $fsmc$
@@ -682,24 +683,45 @@ EXECUTE FUNCTION job_guard_insert();
 
 -- WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)
 -- never reaches the function, nor does one the writer role's functions make.
-CREATE TRIGGER job_guard_update BEFORE UPDATE ON jobs
+DO $fsmc$
+DECLARE
+    v_writer pg_catalog.text;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.job_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
+    EXECUTE pg_catalog.format($trigger$CREATE TRIGGER job_guard_update BEFORE UPDATE ON jobs
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> job_fsmc_writer())
-EXECUTE FUNCTION job_guard_update();
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> %L)
+EXECUTE FUNCTION job_guard_update();$trigger$, v_writer);
+END
+$fsmc$;
 
 -- Checked at COMMIT, so a transaction may update the row and insert its event row in
 -- either order, in separate statements.
-CREATE CONSTRAINT TRIGGER job_check_logged AFTER UPDATE ON jobs
+DO $fsmc$
+DECLARE
+    v_writer pg_catalog.text;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.job_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
+    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER job_check_logged AFTER UPDATE ON jobs
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> job_fsmc_writer())
-EXECUTE FUNCTION job_check_logged();
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> %L)
+EXECUTE FUNCTION job_check_logged();$trigger$, v_writer);
+END
+$fsmc$;
 
-CREATE CONSTRAINT TRIGGER job_check_event AFTER INSERT ON job_events
+DO $fsmc$
+DECLARE
+    v_writer pg_catalog.text;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.job_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
+    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER job_check_event AFTER INSERT ON job_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> job_fsmc_writer())
-EXECUTE FUNCTION job_check_event();
+WHEN (CURRENT_USER <> %L)
+EXECUTE FUNCTION job_check_event();$trigger$, v_writer);
+END
+$fsmc$;
 
 CREATE TRIGGER job_events_append_only BEFORE UPDATE OR DELETE ON job_events
 FOR EACH ROW

@@ -27,7 +27,8 @@
 -- its event row that do not match, 23F06 UPDATE/DELETE/TRUNCATE on the event log,
 -- 23F07 a capped event past its cap.
 
--- This installation's writer role: it owns the functions that move rows. Made here if
+-- This installation's writer role: it owns the functions that move rows, and the
+-- triggers below skip their checks for its writes (they name it in their WHEN clause). Made here if
 -- the installer may create roles; otherwise it must exist (NOLOGIN, granted to the
 -- installer), and this refuses before anything is created, saying what to run.
 DO $fsmc$
@@ -574,24 +575,45 @@ EXECUTE FUNCTION review_guard_insert();
 
 -- WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)
 -- never reaches the function, nor does one the writer role's functions make.
-CREATE TRIGGER review_guard_update BEFORE UPDATE ON reviews
+DO $fsmc$
+DECLARE
+    v_writer pg_catalog.text;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.review_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
+    EXECUTE pg_catalog.format($trigger$CREATE TRIGGER review_guard_update BEFORE UPDATE ON reviews
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> review_fsmc_writer())
-EXECUTE FUNCTION review_guard_update();
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> %L)
+EXECUTE FUNCTION review_guard_update();$trigger$, v_writer);
+END
+$fsmc$;
 
 -- Checked at COMMIT, so a transaction may update the row and insert its event row in
 -- either order, in separate statements.
-CREATE CONSTRAINT TRIGGER review_check_logged AFTER UPDATE ON reviews
+DO $fsmc$
+DECLARE
+    v_writer pg_catalog.text;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.review_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
+    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER review_check_logged AFTER UPDATE ON reviews
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> review_fsmc_writer())
-EXECUTE FUNCTION review_check_logged();
+WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> %L)
+EXECUTE FUNCTION review_check_logged();$trigger$, v_writer);
+END
+$fsmc$;
 
-CREATE CONSTRAINT TRIGGER review_check_event AFTER INSERT ON review_events
+DO $fsmc$
+DECLARE
+    v_writer pg_catalog.text;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.review_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
+    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER review_check_event AFTER INSERT ON review_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> review_fsmc_writer())
-EXECUTE FUNCTION review_check_event();
+WHEN (CURRENT_USER <> %L)
+EXECUTE FUNCTION review_check_event();$trigger$, v_writer);
+END
+$fsmc$;
 
 CREATE TRIGGER review_events_append_only BEFORE UPDATE OR DELETE ON review_events
 FOR EACH ROW
