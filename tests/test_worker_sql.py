@@ -258,7 +258,8 @@ def test_delete_outside_purge_still_fails_and_the_ticket_cannot_be_forged(db: Sc
             conn.execute("SELECT set_config(%s, 'on', true)", (setting,))
         conn.rollback()
     # Even the owner, who has every grant, cannot delete history by hand: the
-    # append-only trigger refuses, and the row's history holds it in place.
+    # append-only trigger refuses, and the row's history holds it in place (a DELETE
+    # or TRUNCATE of the table is refused while the log refers to it).
     with db.owner() as owner:
         with pytest.raises(psycopg.Error) as caught:
             owner.execute(db.q("DELETE FROM {events} WHERE {id_col} = %s"), (row_id,))
@@ -266,7 +267,11 @@ def test_delete_outside_purge_still_fails_and_the_ticket_cannot_be_forged(db: Sc
         owner.rollback()
         with pytest.raises(psycopg.Error) as caught:
             owner.execute(db.q("DELETE FROM {table} WHERE id = %s"), (row_id,))
-        assert sqlstate(caught.value) == "23503"
+        assert sqlstate(caught.value) == "23F06"
+        owner.rollback()
+        with pytest.raises(psycopg.Error) as caught:
+            owner.execute(db.q("TRUNCATE {table}"))
+        assert sqlstate(caught.value) == "23F06"
         owner.rollback()
         # A ticket of another transaction opens nothing in this one.
         owner.execute(db.q("INSERT INTO job_purge_tickets VALUES ('1'::xid8)"))
