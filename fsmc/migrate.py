@@ -47,8 +47,9 @@ for the build):
    derived from them), new columns, defaults, storage parameters, the count
    column of each cap NEW adds filled from each row's history, new or changed
    indexes, and the claim columns of rows whose state gains or loses its lease.
-4. CHECK constraints whose definition changed are dropped and added again `NOT
-   VALID`; views and functions replaced; triggers recreated.
+4. Functions replaced (first: the event log's CHECK calls one, named after the
+   spec's triples); CHECK constraints whose definition changed dropped and added
+   again `NOT VALID`; views replaced; triggers recreated.
 5. Validation: a CHECK on the machine's table is validated (every row is in a
    state NEW declares: step 2 made sure). The event log's triple CHECK is validated
    only where its history allows: when old events record transitions NEW no longer
@@ -395,6 +396,8 @@ class MigrateContext:
     format_signature: str
     format_upgrade: list[str]  # what format 2 added, under OLD's names (format_upgrade)
     format3_dropped: str  # format 2's `_apply`, without to_state (its signature)
+    format3_transitions: str  # OLD's triples function, which format 3's CHECK calls
+    format3_check: tuple[str, str, str]  # (events table, constraint, definition), OLD's names
     writer_functions: str  # the SECURITY DEFINER functions NEW has, comma-separated
     apply_signature: str  # NEW's `_apply`, as regprocedure reads it
     digest_query: str
@@ -466,6 +469,16 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         digest_signature=f"{names.digest}()",
         format_signature=f"{names.format}()",
         format_upgrade=format_upgrade(old_schema, Names.of(old)),
+        # Run from inside a DO block quoted $fsmc$: the function's own quotes must differ.
+        format3_transitions=next(f for f in old_schema.functions if f.early)
+        .create(or_replace=True)
+        .replace("$fsmc$", "$fsmc_function$"),
+        format3_check=next(
+            (t.name, c.name, c.definition)
+            for t in old_schema.tables
+            for c in t.constraints
+            if c.name == Names.of(old).triple_check
+        ),
         format3_dropped=f"{Names.of(old).apply}({sql_target.ID_COLUMNS[old.postgres.id_type][0]}, text, bigint, text, jsonb)",
         apply_signature=next(f.key for f in new_schema.functions if f.name == names.apply),
         writer_functions=", ".join(sql_target.callable_functions(new)),

@@ -24,7 +24,6 @@ example spec, and proves the attack fails or changes nothing:
 from __future__ import annotations
 
 import contextlib
-
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,10 +44,10 @@ from tests.pg_scratch import (
     TIMEOUTS,
     Scratch,
     drop_writer,
-    writer_of,
     machine_of,
     module_of,
     path_to,
+    writer_of,
 )
 from tests.test_postgres import refused, sqlstate_of
 

@@ -124,6 +124,7 @@ class Function:
     attributes: tuple[str, ...] = ()  # IMMUTABLE, PARALLEL SAFE, ...
     settings: tuple[tuple[str, str], ...] = ()  # SET name = value (search_path: pinned apart)
     comment: tuple[str, ...] = ()
+    early: bool = False  # a CHECK calls it: created before the tables
 
     @property
     def source(self) -> str:
@@ -245,6 +246,9 @@ class Schema:
 
     def statements(self) -> Iterator[tuple[tuple[str, ...], str]]:
         """(comment lines, statement) for every object, in the order the file creates them."""
+        for f in self.functions:
+            if f.early:
+                yield f.comment, f.create()
         for t in self.tables:
             yield t.comment, t.create()
         for i in self.indexes:
@@ -252,7 +256,8 @@ class Schema:
         for v in self.views:
             yield v.comment, v.create()
         for f in self.functions:
-            yield f.comment, f.create()
+            if not f.early:
+                yield f.comment, f.create()
         for g in self.triggers:
             yield g.comment, g.create()
 
