@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -286,14 +287,39 @@ CATALOG = {
 }
 
 
+def writer_role(conn: Any, schema: str) -> str | None:
+    """The writer role of the installation in `schema` (its `<machine>_fsmc_writer()`
+    says), or None when nothing is installed there."""
+    found = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc AS p"
+        " WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE '%%\\_fsmc\\_writer'",
+        (schema,),
+    ).fetchone()
+    if found is None:
+        return None
+    return str(conn.execute(f"SELECT {found[0]}").fetchone()[0])
+
+
+def drop_roles(conn: Any, roles: Iterable[str | None]) -> None:
+    """Drop writer roles an installation made (they outlive its schema or database)."""
+    for role in roles:
+        if role is not None:
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
 def catalog(conn: Any, schema: str) -> dict[str, list[tuple[object, ...]]]:
-    """Every object a schema holds, with its definition, the schema's name blanked."""
+    """Every object a schema holds, with its definition, the schema's name blanked (and
+    its writer role's, which is made from it)."""
     out = {}
+    writer = writer_role(conn, schema)
+    blank = re.compile(rf"\b{re.escape(schema)}\b")
+
+    def blanked(v: str) -> str:
+        return blank.sub("S", v.replace(writer, "W") if writer else v)
+
     for kind, query in CATALOG.items():
         rows = conn.execute(query, {"ns": schema}).fetchall()
-        blank = re.compile(rf"\b{re.escape(schema)}\b")
-        out[kind] = [tuple(blank.sub("S", v) if isinstance(v, str) else v for v in row)
-                     for row in rows]  # fmt: skip
+        out[kind] = [tuple(blanked(v) if isinstance(v, str) else v for v in row) for row in rows]
     return out
 
 

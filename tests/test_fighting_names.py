@@ -25,11 +25,13 @@ import pytest
 from tests.harness import (
     assert_module_is_the_spec,
     assert_well_behaved,
+    drop_roles,
     expected_readme_tables,
     import_file,
     load_sql,
     render_markdown,
     run_fsmc,
+    writer_role,
 )
 from tests.mermaid_check import END, START, mermaid_blocks, parse_all
 from tests.strategies import to_yaml
@@ -199,7 +201,9 @@ def test_the_sql_loads_and_works_with_every_name(built: Path, pg_dsn: str) -> No
                 assert state == first["to"], name
             finally:
                 conn.execute("RESET search_path")
+                writer = writer_role(conn, schema)
                 conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+                drop_roles(conn, [writer])
 
 
 @pytest.mark.parametrize("name", MACHINES_REFUSED)

@@ -42,12 +42,14 @@ from tests.harness import (
     assert_well_behaved,
     catalog,
     code_shape,
+    drop_roles,
     expected_readme_tables,
     import_file,
     load_sql,
     render_markdown,
     run_fsmc,
     without_comment_lines,
+    writer_role,
 )
 from tests.mermaid_check import parse_all
 from tests.strategies import machines, to_yaml, without_descriptions
@@ -178,6 +180,7 @@ def test_hostile_sql_defines_exactly_the_expected_objects(tmp_path: Path, pg_dsn
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{dbname}"')
     dsn = make_conninfo(**{**conninfo_to_dict(pg_dsn), "dbname": dbname})
+    writers: list[str | None] = []
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE public.canary (x int)")
@@ -193,6 +196,7 @@ def test_hostile_sql_defines_exactly_the_expected_objects(tmp_path: Path, pg_dsn
                     assert done.returncode == 0, (done.stderr, spec)
                     assert "ERROR" not in done.stderr, done.stderr
                     loaded.append(schema)
+                    writers.append(writer_role(conn, schema))
                 assert catalog(conn, schemas[0]) == catalog(conn, schemas[1]), spec
             after = world(conn)
             assert after["schemas"] == sorted([*before["schemas"], *loaded])
@@ -202,6 +206,7 @@ def test_hostile_sql_defines_exactly_the_expected_objects(tmp_path: Path, pg_dsn
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+            drop_roles(admin, writers)
 
 
 def world(conn: Any) -> dict[str, list[tuple[object, ...]]]:

@@ -1,0 +1,23 @@
+"""fsmc's own code passes the checks it holds generated code to: `ruff check` over the
+package, the tests and the benchmarks, and `mypy --strict` over the package (the
+settings are pyproject.toml's). Run here so that CI, which runs only the test
+command, fails on them too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_ruff_passes_on_the_package_tests_and_benchmarks() -> None:
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "fsmc", "tests", "benchmarks", "examples"],
+                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_strict_passes_on_the_package() -> None:
+    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"],
+                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
