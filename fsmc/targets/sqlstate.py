@@ -4,13 +4,13 @@ so psycopg raises them as `psycopg.errors.IntegrityError` subclasses.
 
 | code  | raised when |
 | ----- | ----------- |
-| 23F01 | `<machine>_apply`: the current state has no transition on the event (terminal included) |
+| 23F01 | `<machine>_apply` / `_claim`: the current state has no transition on the event (terminal included), a choice without `to_state`, or a `to_state` the pair does not lead to |
 | 23F02 | `<machine>_apply`: the event is not one the spec declares |
 | 23F03 | `<machine>_apply` / `<machine>_heartbeat`: no row has that id |
-| 23F04 | a direct write moves a row along an edge the spec lacks, out of a terminal, or without bumping `state_version` by one; or inserts a row not in the initial state at version 0 |
+| 23F04 | a direct write moves a row along an edge the spec lacks, out of a terminal, without bumping `state_version` by one, or changes a count other than by its event's +1; or inserts a row not in the initial state at version 0 with every count 0 |
 | 23F05 | at COMMIT: a row's state (or version) changed without the matching event row, or an event row records a move its row did not make |
-| 23F06 | UPDATE, DELETE or TRUNCATE on the append-only event log |
-| 23F07 | `<machine>_apply`: a capped event has fired its cap's worth in this row's life |
+| 23F06 | UPDATE, DELETE or TRUNCATE on the append-only event log; DELETE of a row with history, or TRUNCATE of the table, but by `<machine>_purge` |
+| 23F07 | `<machine>_apply` or a direct UPDATE: a capped event has fired its cap's worth in this row's life |
 
 Other refusals keep PostgreSQL's own codes: an undeclared state is the state CHECK's
 23514 (check_violation), as is an event row whose (from, event, to) is not one of
