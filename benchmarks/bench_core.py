@@ -776,7 +776,9 @@ def checkout() -> str:
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "fsmc", "templates"],
+            # Tracked files only: an untracked one (the `fsmc/templates` link some
+            # checkouts keep) changes nothing that is imported.
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "fsmc", "templates"],
             cwd=ROOT,
             capture_output=True,
             text=True,
