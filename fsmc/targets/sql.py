@@ -339,10 +339,12 @@ END
 $fsmc$;"""
 
 
-def function_names(machine: Machine) -> list[str]:
+def function_names(machine: Machine, model: Schema | None = None) -> list[str]:
     """Every function the file creates, trigger functions and the writer role's name
-    function (`writer_prepare`) included (names unquoted)."""
-    return [*schema(machine).function_names(), unquote(Names.of(machine).writer)]
+    function (`writer_prepare`) included (names unquoted). `model` is the machine's
+    `schema()` when the caller has it (building it renders every body again)."""
+    model = schema(machine) if model is None else model
+    return [*model.function_names(), unquote(Names.of(machine).writer)]
 
 
 def _short_hash(parts: Iterable[str]) -> str:
@@ -843,7 +845,7 @@ def context(machine: Machine) -> FileContext:
         codes=Codes(),
         statements=[(tuple(_comment(line) for line in c), s) for c, s in model.statements()],
         prepare=writer_prepare(m),
-        pin=writer_setup(m) + "\n\n" + pin_search_path(function_names(m)),
+        pin=writer_setup(m) + "\n\n" + pin_search_path(function_names(m, model)),
     )
 
 
