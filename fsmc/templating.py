@@ -36,6 +36,18 @@ def _read_template(name: str) -> str | None:
     return None
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Jinja2's cache of compiled templates, in a private folder of the system's temp
+    directory (Jinja2 makes it 0700 and refuses one another user owns). Compiling the
+    templates is a fifth of a whole `fsmc build` process; a template whose text
+    changed is compiled again (the cache is keyed by its source). None where no such
+    folder can be had: then every process compiles."""
+    try:
+        return jinja2.FileSystemBytecodeCache()
+    except (OSError, RuntimeError):
+        return None
+
+
 @cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -45,6 +57,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
+        bytecode_cache=_bytecode_cache(),
     )
     env.filters.update(
         py_str=escape.py_str,

@@ -347,6 +347,10 @@ def function_names(machine: Machine, model: Schema | None = None) -> list[str]:
     return [*model.function_names(), unquote(Names.of(machine).writer)]
 
 
+# A state's or event's literal, made once per name (a large spec repeats each thousands of times).
+_literal = cache(sql_str)
+
+
 def _short_hash(parts: Iterable[str]) -> str:
     """8 hex digits naming a set of names (a changed set gets another name)."""
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
@@ -446,6 +450,7 @@ class ClaimContext:
     # true where the pair has one target, which a NULL to_state picks; a choice's
     # targets need to_state.
     edges: list[tuple[str, str, str, str, str]]
+    edge_values: str  # the rows of `edges` as SQL, one per line (rendered once, used 4 times)
     claims: list[str]  # claim's claim assignments (with a lease)
     # Claimable: where a row waits for a worker (neither terminal nor under a lease;
     # the lease states have their own index, which reclaim must keep using). The same
@@ -517,6 +522,10 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
             reclaim_claims=claim_assignments("x.lease", f"{names.reclaim}.actor", "t"),
             moves=[(s, t, c.value) for s, t, c in facts.reclaim_moves(m)],
         )
+    edges = [
+        (s, e, t, facts.lease_change(m, s, t).value, "false" if (s, e) in m.choices else "true")
+        for s, e, t in m.edges
+    ]
     return BodyContext(
         machine=str(m.name),
         n=names,
@@ -535,10 +544,8 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
         codes=Codes(),
         id_type=ID_COLUMNS[m.postgres.id_type][0],
         claiming=ClaimContext(
-            edges=[
-                (s, e, t, facts.lease_change(m, s, t).value, "false" if (s, e) in m.choices else "true")
-                for s, e, t in m.edges
-            ],
+            edges=edges,
+            edge_values=",\n".join(f"({', '.join(map(_literal, row[:4]))}, {row[4]})" for row in edges),
             claims=claim_assignments("x.lease", f"{names.claim}.actor", "t") if m.lease else [],
             claimable_array=sql_text_array(claimable),
             in_claimable=sql_in("t.state", claimable),
