@@ -20,21 +20,30 @@ What the file builds, and why it is shaped so:
   for every statement, and an IN list of literals made that the dearest part of a
   write.
 - E (the event log): every column NOT NULL but `payload`, primary key
-  (<machine>_id, version), a CHECK over the spec's (from, event, to) triples,
-  UPDATE / DELETE / TRUNCATE refused by triggers, and a deferred trigger that
-  refuses at COMMIT an event row recording a move its row did not make. Together
+  (<machine>_id, version), a CHECK calling a function that holds the spec's (from,
+  event, to) triples, UPDATE / DELETE / TRUNCATE refused by triggers, and a deferred
+  trigger that refuses at COMMIT an event row recording a move its row did not
+  make. No foreign key (its check cost `_apply` a tenth of its time): triggers on T
+  refuse deleting or truncating rows that have history, but through purge. Together
   with the check on T, the log and the row's version history match one to one,
   which is what makes the log replay to the row.
-- `<machine>_apply`: one round trip, a tight sequence in PL/pgSQL. It reads the row
-  by id (none: 23F03), compares its version with `expected_version` before looking
-  at the event (different: NULL, nothing changed), looks the move up in the spec's
-  table compiled into the function as a CASE (unknown event: 23F02; no move:
-  23F01, naming state and event), then UPDATEs under `state_version =
-  expected_version AND state = <read state>` and appends the event row. Under READ
-  COMMITTED a concurrent mover makes the UPDATE wait, then re-check that WHERE on
-  the row the winner left (EvalPlanQual), whose version no longer matches: it moves
-  nothing and returns NULL, so of two calls at one version exactly one wins. (One
-  data-modifying CTE for the whole move measured slower than this sequence.)
+- `<machine>_apply`: one round trip. One UPDATE finds and makes the move: the row
+  by id at `expected_version`, joined to the spec's transitions (a VALUES list)
+  out of its state on the event, a choice's `to_state` or a single target, under
+  the event's cap; the event row is inserted after it. Under READ COMMITTED a
+  concurrent mover makes the UPDATE wait, then re-check its WHERE on the row the
+  winner left (EvalPlanQual), whose version no longer matches: of two calls at one
+  version exactly one wins. Only when nothing moved does it read the row to say
+  why, in the contract's order: no row (23F03), another version (NULL, nothing
+  changed), an unknown event (23F02), no move or a wrong `to_state` (23F01), a
+  spent cap (23F07); a move found legal then (the row reached the version after the
+  UPDATE looked) is tried again.
+- The writer role: `_apply`, `_claim` and `_reclaim` are SECURITY DEFINER functions
+  owned by a NOLOGIN role of this installation alone (`writer_prepare`,
+  `writer_setup`), and the triggers on T and E skip the writes that role makes,
+  naming it as a literal in their WHEN clauses. Those writes keep to the spec by
+  construction; everyone else's still get every check. No application can become
+  the role, and EXECUTE on these functions is granted, not PUBLIC's.
 - With `lease`: the claim bookkeeping is part of that same UPDATE; the partial index
   for reclaim is keyed on `state` over the lease states only, so a heartbeat (which
   changes only `heartbeat_at`) touches no indexed column and stays a HOT update; the
