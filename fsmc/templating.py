@@ -9,11 +9,13 @@ are the only way a template may put spec text into output.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 import jinja2
+import jinja2.bccache
 
 from fsmc import escape
 
@@ -36,16 +38,46 @@ def _read_template(name: str) -> str | None:
     return None
 
 
+class _QuietCache(jinja2.FileSystemBytecodeCache):
+    """Jinja2's file cache of compiled templates, where a cache that cannot be read or
+    written is no cache: never an error of the build."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except OSError:
+            pass
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
 def _bytecode_cache() -> jinja2.BytecodeCache | None:
-    """Jinja2's cache of compiled templates, in a private folder of the system's temp
-    directory (Jinja2 makes it 0700 and refuses one another user owns). Compiling the
-    templates is a fifth of a whole `fsmc build` process; a template whose text
-    changed is compiled again (the cache is keyed by its source). None where no such
-    folder can be had: then every process compiles."""
+    """Compiled templates kept in the user's cache folder (`$XDG_CACHE_HOME/fsmc`, by
+    default `~/.cache/fsmc`), as mypy and ruff keep theirs: compiling the templates was
+    a fifth of a whole `fsmc build` process. A template whose text changed is compiled
+    again (the cache is keyed by its source). Not in the temp directory, where a
+    build's own staged files live. None where the folder cannot be made: then every
+    process compiles."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "fsmc", "jinja2")
     try:
-        return jinja2.FileSystemBytecodeCache()
-    except (OSError, RuntimeError):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError:
         return None
+    return _QuietCache(folder)
+
+
+def template_names() -> list[str]:
+    """Every template's name (the files of the templates folder)."""
+    try:
+        package = resources.files("fsmc.templates")
+        return sorted(r.name for r in package.iterdir() if r.name.endswith(".j2"))
+    except ModuleNotFoundError:
+        return sorted(p.name for p in _source_dir().glob("*.j2"))
 
 
 @cache

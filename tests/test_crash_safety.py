@@ -43,6 +43,12 @@ import json, os, signal, sys, tempfile
 from fsmc.cli import main
 
 tempfile.gettempdir()  # Python probes TMPDIR with a write of its own: not fsmc's
+# Jinja2's compiled-template cache (in the user's cache folder) is filled or read
+# before counting: its writes are a cache's, not the build's, whose every write is
+# counted below.
+from fsmc.templating import environment, template_names
+for name in template_names():
+    environment().get_template(name)
 moment = json.loads(sys.argv[1])
 calls = []
 
@@ -178,3 +184,20 @@ def test_a_build_killed_at_any_moment_leaves_old_or_new_files(
     assert snapshot(out) == new and list(staging.iterdir()) == [], left
     check = run_fsmc("build", *specs[2], "--out", out, "--check")
     assert check.code == 0, check
+
+
+def test_a_cache_folder_that_cannot_be_made_or_written_changes_nothing(tmp_path: Path) -> None:
+    # Compiled templates are kept in the user's cache folder; without one (a read-only
+    # home, a file in the way) every process compiles, and the output is the same.
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would go")
+    outs = []
+    for cache_home in (blocked, tmp_path / "cache"):
+        out = tmp_path / f"out-{cache_home.name}"
+        ran = subprocess.run([sys.executable, "-m", "fsmc", "build", str(ROOT / "specs" / "job.yaml"),
+                              "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                             env={**os.environ, "XDG_CACHE_HOME": str(cache_home)})  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        outs.append(snapshot(out))
+    assert outs[0] == outs[1]
+    assert any((tmp_path / "cache" / "fsmc" / "jinja2").iterdir())
