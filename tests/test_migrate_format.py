@@ -28,6 +28,7 @@ from tests.test_migrate import (
     data,
     migrate_ok,
     migrated,
+    refused_changing_nothing,
     spec,
 )
 
@@ -157,4 +158,29 @@ def test_a_format_2_database_keeps_who_may_move_rows_and_drops_its_old_apply(pg_
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
             if admin.execute("SELECT FROM pg_roles WHERE rolname = %s", (reader,)).fetchone() is not None:
                 admin.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(reader)))
+        db.drop()
+
+
+def test_migrating_a_format_2_database_without_its_writer_role_refuses_saying_what_to_run(
+    pg_dsn: str,
+) -> None:
+    # Format 3 gives the moving functions to the installation's writer role. An owner
+    # that may not create roles gets, before anything changes, the role to create.
+    old, new = spec("added_state"), spec("added_state", "new")
+    db = Scratch.create(pg_dsn, old, FORMAT2.read_text(encoding="utf-8"))
+    try:
+        with db.superuser(autocommit=True) as su:
+            su.execute(sql.SQL("ALTER ROLE {} NOCREATEROLE").format(sql.Identifier(db.role)))
+        error = refused_changing_nothing(db, old, migrate(old, new))
+        assert "does not exist, and " + db.role + " may not create roles; nothing was changed" in error, error
+        role = error.split("fsmc: role ", 1)[1].split(" ", 1)[0]
+        assert role.startswith(f"{db.schema}_job_writer_"), error
+        assert f"CREATE ROLE {role} NOLOGIN; GRANT {role} TO {db.role};" in error, error
+        with db.superuser(autocommit=True) as su:  # the administrator runs the hint
+            su.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+            su.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(db.role)))
+        migrate_ok(db, migrate(old, new))
+        with db.superuser() as su:
+            assert su.execute(f"SELECT {db.schema}.job_fsmc_writer()".encode()).fetchone() == (role,)
+    finally:
         db.drop()
