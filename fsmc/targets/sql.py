@@ -27,10 +27,11 @@ What the file builds, and why it is shaped so:
   refuse deleting or truncating rows that have history, but through purge. Together
   with the check on T, the log and the row's version history match one to one,
   which is what makes the log replay to the row.
-- `<machine>_apply`: one round trip. One UPDATE finds and makes the move: the row
-  by id at `expected_version`, joined to the spec's transitions (a VALUES list)
-  out of its state on the event, a choice's `to_state` or a single target, under
-  the event's cap; the event row is inserted after it. Under READ COMMITTED a
+- `<machine>_apply`: one round trip. One statement finds and makes the move: an
+  UPDATE of the row by id at `expected_version`, joined to the spec's transitions
+  (a VALUES list) out of its state on the event, a choice's `to_state` or a single
+  target, under the event's cap, in a WITH whose RETURNING the event row is
+  inserted from (measured a few percent cheaper than the two statements). Under READ COMMITTED a
   concurrent mover makes the UPDATE wait, then re-check its WHERE on the row the
   winner left (EvalPlanQual), whose version no longer matches: of two calls at one
   version exactly one wins. Only when nothing moved does it read the row to say

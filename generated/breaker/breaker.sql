@@ -203,7 +203,6 @@ DECLARE
     v_wanted text := breaker_apply.to_state;
     v_state text;
     v_version bigint;
-    v_to text;
     v_targets text[];
 BEGIN
     IF breaker_apply.id IS NULL OR v_event IS NULL OR breaker_apply.expected_version IS NULL
@@ -212,38 +211,42 @@ BEGIN
             MESSAGE = 'breaker_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one UPDATE: the row, at the expected version,
-        -- joined to the spec's transitions out of its state on this event (a choice:
-        -- the target asked for; otherwise the one target).
+        -- The move, found and made by one statement: an UPDATE of the row at the
+        -- expected version, joined to the spec's transitions out of its state on this
+        -- event (a choice: the target asked for; otherwise the one target),
+        -- and the event row inserted from what it returns.
         -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
         -- row version the winner left (EvalPlanQual), whose state_version no longer
         -- matches: of two calls at one version, one moves the row.
-        UPDATE breakers AS t
-        SET state = x.to_state,
-            state_version = t.state_version + 1,
-            entered_at = pg_catalog.now()
-        FROM (VALUES
-            ('closed', 'trip', 'open', 'none', true),
-            ('open', 'wait_elapsed', 'half_open', 'none', true),
-            ('half_open', 'trial', 'closed', 'none', false),
-            ('half_open', 'trial', 'open', 'none', false),
-            ('closed', 'force_open', 'forced_open', 'none', true),
-            ('open', 'force_open', 'forced_open', 'none', true),
-            ('half_open', 'force_open', 'forced_open', 'none', true),
-            ('closed', 'reset', 'closed', 'none', true),
-            ('open', 'reset', 'closed', 'none', true),
-            ('half_open', 'reset', 'closed', 'none', true),
-            ('forced_open', 'reset', 'closed', 'none', true)
-        ) AS x (from_state, event, to_state, lease, single)
-        WHERE t.id = breaker_apply.id
-          AND t.state_version = breaker_apply.expected_version
-          AND x.from_state = t.state AND x.event = v_event
-          AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-        RETURNING x.from_state, x.to_state INTO v_state, v_to;
+        WITH moved AS (
+            UPDATE breakers AS t
+            SET state = x.to_state,
+                state_version = t.state_version + 1,
+                entered_at = pg_catalog.now()
+            FROM (VALUES
+                ('closed', 'trip', 'open', 'none', true),
+                ('open', 'wait_elapsed', 'half_open', 'none', true),
+                ('half_open', 'trial', 'closed', 'none', false),
+                ('half_open', 'trial', 'open', 'none', false),
+                ('closed', 'force_open', 'forced_open', 'none', true),
+                ('open', 'force_open', 'forced_open', 'none', true),
+                ('half_open', 'force_open', 'forced_open', 'none', true),
+                ('closed', 'reset', 'closed', 'none', true),
+                ('open', 'reset', 'closed', 'none', true),
+                ('half_open', 'reset', 'closed', 'none', true),
+                ('forced_open', 'reset', 'closed', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single)
+            WHERE t.id = breaker_apply.id
+              AND t.state_version = breaker_apply.expected_version
+              AND x.from_state = t.state AND x.event = v_event
+              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+            RETURNING x.from_state, x.to_state
+        )
+        INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor, payload)
+        SELECT breaker_apply.id, breaker_apply.expected_version + 1, m.from_state, v_event, m.to_state,
+               breaker_apply.actor, breaker_apply.payload
+        FROM moved AS m;
         IF FOUND THEN
-            INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor, payload)
-            VALUES (breaker_apply.id, breaker_apply.expected_version + 1, v_state, v_event, v_to,
-                    breaker_apply.actor, breaker_apply.payload);
             RETURN breaker_apply.expected_version + 1;
         END IF;
 

@@ -218,7 +218,6 @@ DECLARE
     v_wanted text := job_apply.to_state;
     v_state text;
     v_version bigint;
-    v_to text;
     v_targets text[];
 BEGIN
     IF job_apply.id IS NULL OR v_event IS NULL OR job_apply.expected_version IS NULL
@@ -227,41 +226,45 @@ BEGIN
             MESSAGE = 'job_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one UPDATE: the row, at the expected version,
-        -- joined to the spec's transitions out of its state on this event (a choice:
-        -- the target asked for; otherwise the one target).
+        -- The move, found and made by one statement: an UPDATE of the row at the
+        -- expected version, joined to the spec's transitions out of its state on this
+        -- event (a choice: the target asked for; otherwise the one target),
+        -- and the event row inserted from what it returns.
         -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
         -- row version the winner left (EvalPlanQual), whose state_version no longer
         -- matches: of two calls at one version, one moves the row.
-        UPDATE jobs AS t
-        SET state = x.to_state,
-            state_version = t.state_version + 1,
-            entered_at = pg_catalog.now(),
-            claimed_by = CASE x.lease WHEN 'enter' THEN job_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-            claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-        FROM (VALUES
-            ('queued', 'claim', 'claimed', 'enter', true),
-            ('claimed', 'start', 'running', 'stay', true),
-            ('claimed', 'reclaim', 'queued', 'leave', true),
-            ('running', 'reclaim', 'queued', 'leave', true),
-            ('running', 'finish', 'completed', 'leave', true),
-            ('running', 'error', 'failed', 'leave', true),
-            ('running', 'pause', 'paused', 'leave', true),
-            ('paused', 'resume', 'running', 'enter', true),
-            ('paused', 'abandon', 'abandoned', 'none', true),
-            ('failed', 'retry', 'queued', 'none', true),
-            ('failed', 'abandon', 'abandoned', 'none', true)
-        ) AS x (from_state, event, to_state, lease, single)
-        WHERE t.id = job_apply.id
-          AND t.state_version = job_apply.expected_version
-          AND x.from_state = t.state AND x.event = v_event
-          AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-        RETURNING x.from_state, x.to_state INTO v_state, v_to;
+        WITH moved AS (
+            UPDATE jobs AS t
+            SET state = x.to_state,
+                state_version = t.state_version + 1,
+                entered_at = pg_catalog.now(),
+                claimed_by = CASE x.lease WHEN 'enter' THEN job_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+            FROM (VALUES
+                ('queued', 'claim', 'claimed', 'enter', true),
+                ('claimed', 'start', 'running', 'stay', true),
+                ('claimed', 'reclaim', 'queued', 'leave', true),
+                ('running', 'reclaim', 'queued', 'leave', true),
+                ('running', 'finish', 'completed', 'leave', true),
+                ('running', 'error', 'failed', 'leave', true),
+                ('running', 'pause', 'paused', 'leave', true),
+                ('paused', 'resume', 'running', 'enter', true),
+                ('paused', 'abandon', 'abandoned', 'none', true),
+                ('failed', 'retry', 'queued', 'none', true),
+                ('failed', 'abandon', 'abandoned', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single)
+            WHERE t.id = job_apply.id
+              AND t.state_version = job_apply.expected_version
+              AND x.from_state = t.state AND x.event = v_event
+              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+            RETURNING x.from_state, x.to_state
+        )
+        INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, payload)
+        SELECT job_apply.id, job_apply.expected_version + 1, m.from_state, v_event, m.to_state,
+               job_apply.actor, job_apply.payload
+        FROM moved AS m;
         IF FOUND THEN
-            INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, payload)
-            VALUES (job_apply.id, job_apply.expected_version + 1, v_state, v_event, v_to,
-                    job_apply.actor, job_apply.payload);
             RETURN job_apply.expected_version + 1;
         END IF;
 

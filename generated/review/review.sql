@@ -205,7 +205,6 @@ DECLARE
     v_wanted text := review_apply.to_state;
     v_state text;
     v_version bigint;
-    v_to text;
     v_targets text[];
 BEGIN
     IF review_apply.id IS NULL OR v_event IS NULL OR review_apply.expected_version IS NULL
@@ -214,36 +213,40 @@ BEGIN
             MESSAGE = 'review_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one UPDATE: the row, at the expected version,
-        -- joined to the spec's transitions out of its state on this event (a choice:
-        -- the target asked for; otherwise the one target).
+        -- The move, found and made by one statement: an UPDATE of the row at the
+        -- expected version, joined to the spec's transitions out of its state on this
+        -- event (a choice: the target asked for; otherwise the one target),
+        -- and the event row inserted from what it returns.
         -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
         -- row version the winner left (EvalPlanQual), whose state_version no longer
         -- matches: of two calls at one version, one moves the row.
-        UPDATE reviews AS t
-        SET state = x.to_state,
-            state_version = t.state_version + 1,
-            entered_at = pg_catalog.now()
-        FROM (VALUES
-            ('draft', 'submit', 'open', 'none', true),
-            ('open', 'review', 'approved', 'none', false),
-            ('open', 'review', 'changes_requested', 'none', false),
-            ('open', 'review', 'open', 'none', false),
-            ('changes_requested', 'revise', 'open', 'none', true),
-            ('approved', 'merge', 'merged', 'none', true),
-            ('draft', 'withdraw', 'withdrawn', 'none', true),
-            ('open', 'withdraw', 'withdrawn', 'none', true),
-            ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
-        ) AS x (from_state, event, to_state, lease, single)
-        WHERE t.id = review_apply.id
-          AND t.state_version = review_apply.expected_version
-          AND x.from_state = t.state AND x.event = v_event
-          AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-        RETURNING x.from_state, x.to_state INTO v_state, v_to;
+        WITH moved AS (
+            UPDATE reviews AS t
+            SET state = x.to_state,
+                state_version = t.state_version + 1,
+                entered_at = pg_catalog.now()
+            FROM (VALUES
+                ('draft', 'submit', 'open', 'none', true),
+                ('open', 'review', 'approved', 'none', false),
+                ('open', 'review', 'changes_requested', 'none', false),
+                ('open', 'review', 'open', 'none', false),
+                ('changes_requested', 'revise', 'open', 'none', true),
+                ('approved', 'merge', 'merged', 'none', true),
+                ('draft', 'withdraw', 'withdrawn', 'none', true),
+                ('open', 'withdraw', 'withdrawn', 'none', true),
+                ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single)
+            WHERE t.id = review_apply.id
+              AND t.state_version = review_apply.expected_version
+              AND x.from_state = t.state AND x.event = v_event
+              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+            RETURNING x.from_state, x.to_state
+        )
+        INSERT INTO review_events (review_id, version, from_state, event, to_state, actor, payload)
+        SELECT review_apply.id, review_apply.expected_version + 1, m.from_state, v_event, m.to_state,
+               review_apply.actor, review_apply.payload
+        FROM moved AS m;
         IF FOUND THEN
-            INSERT INTO review_events (review_id, version, from_state, event, to_state, actor, payload)
-            VALUES (review_apply.id, review_apply.expected_version + 1, v_state, v_event, v_to,
-                    review_apply.actor, review_apply.payload);
             RETURN review_apply.expected_version + 1;
         END IF;
 

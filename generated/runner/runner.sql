@@ -201,7 +201,6 @@ DECLARE
     v_wanted text := runner_apply.to_state;
     v_state text;
     v_version bigint;
-    v_to text;
     v_targets text[];
 BEGIN
     IF runner_apply.id IS NULL OR v_event IS NULL OR runner_apply.expected_version IS NULL
@@ -210,30 +209,34 @@ BEGIN
             MESSAGE = 'runner_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one UPDATE: the row, at the expected version,
-        -- joined to the spec's transitions out of its state on this event (a choice:
-        -- the target asked for; otherwise the one target).
+        -- The move, found and made by one statement: an UPDATE of the row at the
+        -- expected version, joined to the spec's transitions out of its state on this
+        -- event (a choice: the target asked for; otherwise the one target),
+        -- and the event row inserted from what it returns.
         -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
         -- row version the winner left (EvalPlanQual), whose state_version no longer
         -- matches: of two calls at one version, one moves the row.
-        UPDATE runners AS t
-        SET state = x.to_state,
-            state_version = t.state_version + 1,
-            entered_at = pg_catalog.now()
-        FROM (VALUES
-            ('queued', 'claim', 'running', 'none', true),
-            ('running', 'succeed', 'succeeded', 'none', true),
-            ('running', 'fail', 'failed', 'none', true)
-        ) AS x (from_state, event, to_state, lease, single)
-        WHERE t.id = runner_apply.id
-          AND t.state_version = runner_apply.expected_version
-          AND x.from_state = t.state AND x.event = v_event
-          AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-        RETURNING x.from_state, x.to_state INTO v_state, v_to;
+        WITH moved AS (
+            UPDATE runners AS t
+            SET state = x.to_state,
+                state_version = t.state_version + 1,
+                entered_at = pg_catalog.now()
+            FROM (VALUES
+                ('queued', 'claim', 'running', 'none', true),
+                ('running', 'succeed', 'succeeded', 'none', true),
+                ('running', 'fail', 'failed', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single)
+            WHERE t.id = runner_apply.id
+              AND t.state_version = runner_apply.expected_version
+              AND x.from_state = t.state AND x.event = v_event
+              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+            RETURNING x.from_state, x.to_state
+        )
+        INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor, payload)
+        SELECT runner_apply.id, runner_apply.expected_version + 1, m.from_state, v_event, m.to_state,
+               runner_apply.actor, runner_apply.payload
+        FROM moved AS m;
         IF FOUND THEN
-            INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor, payload)
-            VALUES (runner_apply.id, runner_apply.expected_version + 1, v_state, v_event, v_to,
-                    runner_apply.actor, runner_apply.payload);
             RETURN runner_apply.expected_version + 1;
         END IF;
 

@@ -217,7 +217,6 @@ DECLARE
     v_wanted text := task_apply.to_state;
     v_state text;
     v_version bigint;
-    v_to text;
     v_targets text[];
     v_retry_count integer;
 BEGIN
@@ -227,40 +226,44 @@ BEGIN
             MESSAGE = 'task_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one UPDATE: the row, at the expected version,
-        -- joined to the spec's transitions out of its state on this event (a choice:
-        -- the target asked for; otherwise the one target, under its cap).
+        -- The move, found and made by one statement: an UPDATE of the row at the
+        -- expected version, joined to the spec's transitions out of its state on this
+        -- event (a choice: the target asked for; otherwise the one target, under its cap),
+        -- and the event row inserted from what it returns.
         -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
         -- row version the winner left (EvalPlanQual), whose state_version no longer
         -- matches: of two calls at one version, one moves the row.
-        UPDATE tasks AS t
-        SET state = x.to_state,
-            state_version = t.state_version + 1,
-            retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
-            entered_at = pg_catalog.now(),
-            claimed_by = CASE x.lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-            claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-        FROM (VALUES
-            ('new', 'acquire', 'acquired', 'enter', true),
-            ('acquired', 'begin', 'working', 'stay', true),
-            ('acquired', 'expire', 'new', 'leave', true),
-            ('working', 'complete', 'done', 'leave', true),
-            ('acquired', 'fail', 'failed', 'leave', true),
-            ('working', 'fail', 'failed', 'leave', true),
-            ('failed', 'retry', 'new', 'none', true),
-            ('failed', 'give_up', 'dead', 'none', true)
-        ) AS x (from_state, event, to_state, lease, single)
-        WHERE t.id = task_apply.id
-          AND t.state_version = task_apply.expected_version
-          AND x.from_state = t.state AND x.event = v_event
-          AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-          AND (v_event <> 'retry' OR t.retry_count < 5)
-        RETURNING x.from_state, x.to_state INTO v_state, v_to;
+        WITH moved AS (
+            UPDATE tasks AS t
+            SET state = x.to_state,
+                state_version = t.state_version + 1,
+                retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
+                entered_at = pg_catalog.now(),
+                claimed_by = CASE x.lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+            FROM (VALUES
+                ('new', 'acquire', 'acquired', 'enter', true),
+                ('acquired', 'begin', 'working', 'stay', true),
+                ('acquired', 'expire', 'new', 'leave', true),
+                ('working', 'complete', 'done', 'leave', true),
+                ('acquired', 'fail', 'failed', 'leave', true),
+                ('working', 'fail', 'failed', 'leave', true),
+                ('failed', 'retry', 'new', 'none', true),
+                ('failed', 'give_up', 'dead', 'none', true)
+            ) AS x (from_state, event, to_state, lease, single)
+            WHERE t.id = task_apply.id
+              AND t.state_version = task_apply.expected_version
+              AND x.from_state = t.state AND x.event = v_event
+              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
+              AND (v_event <> 'retry' OR t.retry_count < 5)
+            RETURNING x.from_state, x.to_state
+        )
+        INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
+        SELECT task_apply.id, task_apply.expected_version + 1, m.from_state, v_event, m.to_state,
+               task_apply.actor, task_apply.payload
+        FROM moved AS m;
         IF FOUND THEN
-            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
-            VALUES (task_apply.id, task_apply.expected_version + 1, v_state, v_event, v_to,
-                    task_apply.actor, task_apply.payload);
             RETURN task_apply.expected_version + 1;
         END IF;
 
