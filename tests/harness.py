@@ -287,13 +287,14 @@ CATALOG = {
 }
 
 
-def writer_role(conn: Any, schema: str) -> str | None:
-    """The writer role of the installation in `schema` (its `<machine>_fsmc_writer()`
-    says), or None when nothing is installed there."""
+def writer_role(conn: Any, schema: str, function: str | None = None) -> str | None:
+    """The writer role of the installation in `schema`, as its `<machine>_fsmc_writer()`
+    (or `function`, where several machines share the schema) says; None when nothing
+    is installed there."""
     found = conn.execute(
         "SELECT p.oid::regprocedure::text FROM pg_proc AS p"
-        " WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE '%%\\_fsmc\\_writer'",
-        (schema,),
+        " WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE %s",
+        (schema, function or "%\\_fsmc\\_writer"),
     ).fetchone()
     if found is None:
         return None

@@ -36,7 +36,9 @@ from fsmc.model import Machine
 from fsmc.targets import generate
 from fsmc.targets import sql as sql_target
 from fsmc.targets.common import Paths
+from fsmc.targets.pgschema import unquote
 from tests.conftest import SPECS
+from tests.harness import drop_roles, writer_role
 
 SPEC_NAMES = ("job", "runner", "task")
 LEASE_SPEC_NAMES = ("job", "task")  # runner has no lease
@@ -54,20 +56,15 @@ GRANT EXECUTE ON FUNCTION {functions} TO {role};"""
 
 
 def writer_of(conn: psycopg.Connection[Any], schema: str, machine: Machine) -> str | None:
-    """The writer role of the installation in `schema` (None: not installed)."""
-    fn = sql_target.Names.of(machine).writer
-    found = conn.execute("SELECT to_regprocedure(%s)", (f"{sql.Identifier(schema).as_string()}.{fn}()",)).fetchone()
-    if found is None or found[0] is None:
-        return None
-    row = conn.execute(f"SELECT {sql.Identifier(schema).as_string()}.{fn}()".encode()).fetchone()
-    return None if row is None else str(row[0])
+    """The writer role of `machine`'s installation in `schema` (None: not installed)."""
+    return writer_role(conn, schema, unquote(sql_target.Names.of(machine).writer))
 
 
 def drop_writer(admin: psycopg.Connection[Any], writer: str | None) -> None:
     """Drop an installation's writer role (after its schema): roles outlive schemas."""
     if writer is not None:
         admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(writer)))
-        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(writer)))
+    drop_roles(admin, [writer])
 
 
 def machine_of(name: str) -> Machine:
