@@ -65,7 +65,7 @@ column always equals its row's event rows of that event: `_apply`, claim, reclai
 and the triggers keep it so). A cap NEW adds gets its column (`NOT NULL DEFAULT 0`,
 no rewrite), then one UPDATE sets it from the log for the rows that have history
 of that event; OLD's triggers are still installed then, and none fires on it:
-their WHEN clauses look only at state, state_version and OLD's own counts. A cap
+they fire only for writes of state, state_version and OLD's own counts. A cap
 NEW adds or lowers is checked against the log first (above); one kept or raised
 needs no look, its count being within OLD's smaller or equal cap. Raising or
 lowering a cap replaces its CHECK; removing one drops its CHECK and column.

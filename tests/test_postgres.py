@@ -450,8 +450,13 @@ def test_writes_that_leave_the_state_alone_pass_untouched(db: Scratch) -> None:
         state = next(iter(lease_states(m))) if m.lease else str(m.initial)
         row_id, version = db.row_at(conn, state)
         events_before = db.events_of(conn, row_id)
+        # An ORM saving the whole row sets every column to what it was: the triggers
+        # named on state, state_version and the counts fire and let it through.
+        counts = "".join(f", {sql_target.count_column(cap.event)} = {sql_target.count_column(cap.event)}"
+                         for cap in m.caps)  # fmt: skip
         writes = ["UPDATE {table} SET state = state WHERE id = %s",
-                  "UPDATE {table} SET state = state, state_version = state_version WHERE id = %s"]  # fmt: skip
+                  "UPDATE {table} SET state = state, state_version = state_version WHERE id = %s",
+                  "UPDATE {table} SET state_version = state_version" + counts + " WHERE id = %s"]  # fmt: skip
         if m.lease:
             writes.append("UPDATE {table} SET heartbeat_at = now() - interval '1 minute' WHERE id = %s")
             writes.append("UPDATE {table} SET claimed_by = 'operator' WHERE id = %s")

@@ -572,6 +572,9 @@ BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"incomplete","incomplete_expired","trialing","active","past_due","unpaid","paused","canceled"}'::text[])) THEN
         RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
     END IF;
+    IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version AND NEW.extend_trial_count IS NOT DISTINCT FROM OLD.extend_trial_count THEN
+        RETURN NEW;  -- the columns set to what they were (an UPDATE of the whole row)
+    END IF;
     IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = pg_catalog.format('subscription %s: a count changes only with a move on its event (%s)',
@@ -635,6 +638,9 @@ AS $fsmc$
 DECLARE
     v_event text;
 BEGIN
+    IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
+        RETURN NULL;  -- not a move (an UPDATE of the whole row); a count's change alone the guard refused
+    END IF;
     SELECT e.event INTO v_event FROM subscription_events AS e
     WHERE e.subscription_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
@@ -723,16 +729,18 @@ FOR EACH ROW
 WHEN (NEW.state IS DISTINCT FROM 'incomplete' OR NEW.state_version IS DISTINCT FROM 0 OR NEW.extend_trial_count IS DISTINCT FROM 0)
 EXECUTE FUNCTION subscription_guard_insert();
 
--- WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)
--- never reaches the function, nor does one the writer role's functions make.
+-- Only an UPDATE that sets state, state_version or a count reaches the function (a
+-- heartbeat does not), and none the writer role's functions make. The columns are
+-- named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN
+-- clause for every statement, and a column list costs nothing to test.
 DO $fsmc$
 DECLARE
     v_writer pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('SELECT %I.subscription_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
-    EXECUTE pg_catalog.format($trigger$CREATE TRIGGER subscription_guard_update BEFORE UPDATE ON subscriptions
+    EXECUTE pg_catalog.format($trigger$CREATE TRIGGER subscription_guard_update BEFORE UPDATE OF state, state_version, extend_trial_count ON subscriptions
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version OR OLD.extend_trial_count IS DISTINCT FROM NEW.extend_trial_count) AND CURRENT_USER <> %L)
+WHEN (CURRENT_USER <> %L)
 EXECUTE FUNCTION subscription_guard_update();$trigger$, v_writer);
 END
 $fsmc$;
@@ -744,10 +752,10 @@ DECLARE
     v_writer pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('SELECT %I.subscription_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
-    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER subscription_check_logged AFTER UPDATE ON subscriptions
+    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER subscription_check_logged AFTER UPDATE OF state, state_version ON subscriptions
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> %L)
+WHEN (CURRENT_USER <> %L)
 EXECUTE FUNCTION subscription_check_logged();$trigger$, v_writer);
 END
 $fsmc$;

@@ -627,6 +627,9 @@ BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[])) THEN
         RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
     END IF;
+    IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version AND NEW.retry_count IS NOT DISTINCT FROM OLD.retry_count THEN
+        RETURN NEW;  -- the columns set to what they were (an UPDATE of the whole row)
+    END IF;
     IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = pg_catalog.format('task %s: a count changes only with a move on its event (%s)',
@@ -690,6 +693,9 @@ AS $fsmc$
 DECLARE
     v_event text;
 BEGIN
+    IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
+        RETURN NULL;  -- not a move (an UPDATE of the whole row); a count's change alone the guard refused
+    END IF;
     SELECT e.event INTO v_event FROM task_events AS e
     WHERE e.task_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
@@ -778,16 +784,18 @@ FOR EACH ROW
 WHEN (NEW.state IS DISTINCT FROM 'new' OR NEW.state_version IS DISTINCT FROM 0 OR NEW.retry_count IS DISTINCT FROM 0)
 EXECUTE FUNCTION task_guard_insert();
 
--- WHEN: a write that leaves state, state_version and the counts alone (a heartbeat)
--- never reaches the function, nor does one the writer role's functions make.
+-- Only an UPDATE that sets state, state_version or a count reaches the function (a
+-- heartbeat does not), and none the writer role's functions make. The columns are
+-- named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN
+-- clause for every statement, and a column list costs nothing to test.
 DO $fsmc$
 DECLARE
     v_writer pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('SELECT %I.task_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
-    EXECUTE pg_catalog.format($trigger$CREATE TRIGGER task_guard_update BEFORE UPDATE ON tasks
+    EXECUTE pg_catalog.format($trigger$CREATE TRIGGER task_guard_update BEFORE UPDATE OF state, state_version, retry_count ON tasks
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version OR OLD.retry_count IS DISTINCT FROM NEW.retry_count) AND CURRENT_USER <> %L)
+WHEN (CURRENT_USER <> %L)
 EXECUTE FUNCTION task_guard_update();$trigger$, v_writer);
 END
 $fsmc$;
@@ -799,10 +807,10 @@ DECLARE
     v_writer pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('SELECT %I.task_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
-    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER task_check_logged AFTER UPDATE ON tasks
+    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER task_check_logged AFTER UPDATE OF state, state_version ON tasks
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.state_version IS DISTINCT FROM NEW.state_version) AND CURRENT_USER <> %L)
+WHEN (CURRENT_USER <> %L)
 EXECUTE FUNCTION task_check_logged();$trigger$, v_writer);
 END
 $fsmc$;
