@@ -26,6 +26,7 @@ while building a template's context. No template quotes or escapes by hand.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable
 
@@ -100,6 +101,17 @@ def sql_text_array(values: Iterable[str]) -> str:
     """
     elements = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
     return sql_str("{" + ",".join(elements) + "}") + "::text[]"
+
+
+def sql_jsonb_keys(values: Iterable[str]) -> str:
+    """A `jsonb` constant whose keys are `values`: `'{"a": 0, "b": 0}'::pg_catalog.jsonb`.
+
+    `constant ? x` then says whether x is one of them by a binary search over the
+    sorted keys, with nothing to build first: an `= ANY` over an array of nine or
+    more elements builds a hash table each time its expression is made ready, which
+    for a CHECK is every statement. JSON's escapes hold any text; `sql_str` quotes
+    the whole."""
+    return sql_str(json.dumps(dict.fromkeys(values, 0), ensure_ascii=False)) + "::pg_catalog.jsonb"
 
 
 # Every PostgreSQL keyword, of any category (`SELECT word FROM pg_get_keywords()` on

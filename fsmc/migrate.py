@@ -47,17 +47,18 @@ for the build):
    derived from them), new columns, defaults, storage parameters, the count
    column of each cap NEW adds filled from each row's history, new or changed
    indexes, and the claim columns of rows whose state gains or loses its lease.
-4. Functions replaced (first: the event log's CHECK calls one, named after the
-   spec's triples); CHECK constraints whose definition changed dropped and added
-   again `NOT VALID`; views replaced; triggers recreated.
+4. The domains of NEW's lists created (the state and triple CHECKs cast to them,
+   and each is named after a hash of its list, so other lists make other domains
+   and other CHECKs); functions replaced; CHECK constraints whose definition
+   changed dropped and added again `NOT VALID`; views replaced; triggers recreated.
 5. Validation: a CHECK on the machine's table is validated (every row is in a
    state NEW declares: step 2 made sure). The event log's triple CHECK is validated
    only where its history allows: when old events record transitions NEW no longer
    has, validation fails, the CHECK stays `NOT VALID` (it still checks every new
    event), and a NOTICE says how many old events it spares. History is never
    rewritten: no statement of the script touches an event row.
-6. Contract: triggers, functions, views, indexes, constraints and columns NEW lacks are
-   dropped (a dependent object of the user's makes that fail, changing nothing).
+6. Contract: triggers, functions, views, indexes, constraints, columns and domains NEW
+   lacks are dropped (a dependent object of the user's makes that fail, changing nothing).
 7. NEW's digest is recorded last, by replacing `<machine>_fsmc_digest()`.
 
 Caps. The event log is the truth of how often a row fired an event (a count
@@ -338,6 +339,8 @@ class Plan:
     create_indexes: list[str]  # CREATE INDEX statements
     drop_views_first: list[str]  # a view NEW defines otherwise (its columns may change)
     views: list[str]  # CREATE OR REPLACE VIEW, for every view of NEW
+    create_domains: list[str]  # CREATE DOMAIN, for each domain of NEW the database lacks
+    drop_domains: list[str]  # names: mid's domains NEW lacks, once no CHECK casts to them
     drop_functions_first: list[str]  # signatures CREATE OR REPLACE cannot turn into NEW's
     functions: list[str]  # CREATE OR REPLACE FUNCTION, for every function of NEW
     triggers: list[tuple[str, str, str, bool]]  # (name, table, CREATE TRIGGER, existed)
@@ -365,6 +368,8 @@ def plan(mid: Schema, new: Schema) -> Plan:
         create_indexes=[x.create() for i, x in new_indexes.items() if mid_indexes.get(i) != x],
         drop_views_first=[v for v, x in mid_views.items() if new_views.get(v, x) != x],
         views=[x.create(or_replace=True) for x in new_views.values()],
+        create_domains=[d.create() for d in new.domains if d not in mid.domains],
+        drop_domains=[d.name for d in mid.domains if d not in new.domains],
         drop_functions_first=[
             k for k, f in mid_functions.items() if k in new_functions and not f.replaceable_by(new_functions[k])
         ],
@@ -396,8 +401,9 @@ class MigrateContext:
     format_signature: str
     format_upgrade: list[str]  # what format 2 added, under OLD's names (format_upgrade)
     format3_dropped: str  # format 2's `_apply`, without to_state (its signature)
-    format3_transitions: str  # OLD's triples function, which format 3's CHECK calls
-    format3_check: tuple[str, str, str]  # (events table, constraint, definition), OLD's names
+    format4_domains: list[str]  # OLD's domains (CREATE DOMAIN), which format 4's CHECKs cast to
+    format4_checks: list[tuple[str, Check]]  # (table, CHECK) casting to them, OLD's names
+    format4_dropped: str  # the function format 3's triple CHECK called (its signature)
     writer_functions: str  # the SECURITY DEFINER functions NEW has, comma-separated
     apply_signature: str  # NEW's `_apply`, as regprocedure reads it
     digest_query: str
@@ -469,16 +475,14 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         digest_signature=f"{names.digest}()",
         format_signature=f"{names.format}()",
         format_upgrade=format_upgrade(old_schema, Names.of(old)),
-        # Run from inside a DO block quoted $fsmc$: the function's own quotes must differ.
-        format3_transitions=next(f for f in old_schema.functions if f.early)
-        .create(or_replace=True)
-        .replace("$fsmc$", "$fsmc_function$"),
-        format3_check=next(
-            (t.name, c.name, c.definition)
+        format4_domains=[d.create() for d in old_schema.domains],
+        format4_checks=[
+            (t.name, Check(c.name, c.definition, c.check, True, t.history))
             for t in old_schema.tables
             for c in t.constraints
-            if c.name == Names.of(old).triple_check
-        ),
+            if c.name in (Names.of(old).state_check, Names.of(old).triple_check) and c.check is not None
+        ],
+        format4_dropped=sql_target.format3_transitions(old),
         format3_dropped=f"{Names.of(old).apply}({sql_target.ID_COLUMNS[old.postgres.id_type][0]}, text, bigint, text, jsonb)",
         apply_signature=next(f.key for f in new_schema.functions if f.name == names.apply),
         writer_functions=", ".join(sql_target.callable_functions(new)),

@@ -197,6 +197,11 @@ CATALOG = {
                pg_get_userbyid(p.proowner),
                (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(p.proacl) a)::text
         FROM pg_proc p WHERE p.pronamespace = %(ns)s::regnamespace""",
+    "domains": """
+        SELECT t.typname, pg_catalog.format_type(t.typbasetype, t.typtypmod), k.conname,
+               pg_catalog.pg_get_constraintdef(k.oid)
+        FROM pg_catalog.pg_type t JOIN pg_catalog.pg_constraint k ON k.contypid = t.oid
+        WHERE t.typnamespace = %(ns)s::regnamespace AND t.typtype = 'd'""",
     "triggers": """
         SELECT t.tgname, c.relname, pg_get_triggerdef(t.oid), t.tgenabled, t.tgdeferrable,
                t.tginitdeferred
@@ -820,6 +825,11 @@ MODEL_CATALOG = {
         JOIN pg_catalog.pg_class t ON t.oid = i.indrelid
         WHERE c.relnamespace = %(ns)s
           AND NOT EXISTS (SELECT FROM pg_catalog.pg_constraint k WHERE k.conindid = i.indexrelid)""",
+    "domains": """
+        SELECT t.typname, pg_catalog.format_type(t.typbasetype, t.typtypmod), k.conname,
+               pg_catalog.pg_get_constraintdef(k.oid)
+        FROM pg_catalog.pg_type t JOIN pg_catalog.pg_constraint k ON k.contypid = t.oid
+        WHERE t.typnamespace = %(ns)s AND t.typtype = 'd'""",
     "triggers": """
         SELECT c.relname, t.tgname, p.proname, t.tgtype, t.tgdeferrable, t.tginitdeferred,
                pg_catalog.regexp_replace(pg_catalog.pg_get_triggerdef(t.oid), ' ON [^ .]+[.]', ' ON ')
@@ -883,9 +893,8 @@ def model_objects(db: Scratch, model: Schema) -> dict[str, set[tuple[Any, ...]]]
     tables take the model's names, and pg_temp comes first on the search_path, so the
     model's own references (a foreign key, a trigger's table) resolve to them."""
     with db.owner() as conn:
-        for f in model.functions:  # a CHECK calls these
-            if f.early:
-                conn.execute(f.create(or_replace=True).encode())
+        for d in model.domains:  # the CHECKs cast to these
+            conn.execute(d.create().replace("CREATE DOMAIN ", "CREATE DOMAIN pg_temp.", 1).encode())
         for t in model.tables:
             conn.execute(t.create().replace("CREATE TABLE ", "CREATE TEMP TABLE ", 1).encode())
         writer = writer_of(conn, db.schema, db.machine)

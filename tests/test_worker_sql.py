@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -171,7 +172,12 @@ def test_heartbeats_after_a_claim_stay_hot_updates(db: Scratch) -> None:
             assert got is not None
             return int(got[0]), int(got[1])
 
-        before = hot()
+        # The claim's connection reports its update when it exits, a moment after it
+        # closes: wait for that report, or the heartbeats' count would take it in.
+        deadline = time.monotonic() + 10
+        while (before := hot())[0] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert before[0] == 1, before
         with db.connect() as conn:
             for _ in range(20):
                 got = conn.execute(db.q("SELECT {heartbeat}(%s, %s)"), (row_id, version)).fetchone()

@@ -7,8 +7,8 @@ Contract of this module:
   templates). Out: the `CREATE` statement of each object, and nothing else: no
   object here reads a `Machine`, and nothing here parses SQL.
 - `fsmc.targets.sql.schema(machine)` builds a `Schema` (a pure function), `build`
-  renders it to `<machine>.sql` (file order: tables, indexes, views, functions,
-  triggers), and `fsmc.migrate` compares the `Schema` of OLD with that of NEW. So
+  renders it to `<machine>.sql` (file order: domains, tables, indexes, views,
+  functions, triggers), and `fsmc.migrate` compares the `Schema` of OLD with that of NEW. So
   the file and the migration cannot disagree about what a database holds.
 - Objects are keyed by name (as SQL spells it): tables, indexes, functions (with
   their argument types: an overload is another function) and views per schema,
@@ -61,11 +61,39 @@ class Column:
 class Constraint:
     name: str
     definition: str  # what follows `CONSTRAINT <name> `
-    check: str | None = None  # for a CHECK: its expression, parenthesized
+    # For a CHECK: a parenthesized expression true for the rows it admits and false,
+    # never an error, for the others (which rows old history breaks, `fsmc migrate` counts).
+    check: str | None = None
 
     @staticmethod
-    def of_check(name: str, expression: str) -> Constraint:
-        return Constraint(name, f"CHECK ({expression})", f"({expression})")
+    def of_check(name: str, expression: str, admits: str | None = None) -> Constraint:
+        """A CHECK of `expression`; `admits` when that raises rather than says false
+        (a cast to a `Domain`)."""
+        return Constraint(name, f"CHECK ({expression})", f"({admits or expression})")
+
+
+@dataclass(frozen=True)
+class Domain:
+    """A domain over a base type whose CHECK admits the keys of a jsonb constant: a
+    table's CHECK casts a value to it.
+    PostgreSQL keeps a domain's CHECK parsed for the session, where it reads a table's
+    own CHECK back from the catalog for every statement that writes the table."""
+
+    name: str
+    base: str
+    constraint: str  # the CHECK's name, which an error names
+    keys: str  # a jsonb constant: VALUE must be one of its keys
+    comment: tuple[str, ...] = ()
+
+    def create(self) -> str:
+        return (f"CREATE DOMAIN {self.name} AS {self.base}\n"
+                f"    CONSTRAINT {self.constraint} CHECK ({self.keys} OPERATOR(pg_catalog.?) VALUE);")  # fmt: skip
+
+    def check_of(self, name: str, value: str) -> Constraint:
+        """A table's CHECK named `name` that `value` (an expression over its columns) is
+        one of the keys: it casts `value` to this domain, which raises where it is not."""
+        return Constraint.of_check(name, f"(({value})::{self.name}) IS NOT NULL",
+                                   admits=f"{self.keys} OPERATOR(pg_catalog.?) ({value})")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -124,7 +152,6 @@ class Function:
     attributes: tuple[str, ...] = ()  # IMMUTABLE, PARALLEL SAFE, ...
     settings: tuple[tuple[str, str], ...] = ()  # SET name = value (search_path: pinned apart)
     comment: tuple[str, ...] = ()
-    early: bool = False  # a CHECK calls it: created before the tables
 
     @property
     def source(self) -> str:
@@ -243,12 +270,12 @@ class Schema:
     functions: tuple[Function, ...]
     triggers: tuple[Trigger, ...]
     views: tuple[View, ...] = ()
+    domains: tuple[Domain, ...] = ()  # created first: the tables' CHECKs cast to them
 
     def statements(self) -> Iterator[tuple[tuple[str, ...], str]]:
         """(comment lines, statement) for every object, in the order the file creates them."""
-        for f in self.functions:
-            if f.early:
-                yield f.comment, f.create()
+        for d in self.domains:
+            yield d.comment, d.create()
         for t in self.tables:
             yield t.comment, t.create()
         for i in self.indexes:
@@ -256,8 +283,7 @@ class Schema:
         for v in self.views:
             yield v.comment, v.create()
         for f in self.functions:
-            if not f.early:
-                yield f.comment, f.create()
+            yield f.comment, f.create()
         for g in self.triggers:
             yield g.comment, g.create()
 

@@ -16,12 +16,12 @@ What the file builds, and why it is shaped so:
   CHECK (23514), as the contract says. A DEFERRABLE INITIALLY DEFERRED constraint
   trigger checks at COMMIT that every state change has its event row. The spec's
   lists live in PL/pgSQL, which keeps compiled expressions for the session, and in
-  CHECKs as one `text[]` constant each: PostgreSQL rebuilds a CHECK or WHEN clause
-  for every statement, and an IN list of literals made that the dearest part of a
-  write.
+  two domains the CHECKs cast to (`spec_domains`): PostgreSQL rebuilds a table's
+  CHECK or WHEN clause for every statement, so a list there, even as one constant,
+  was the dearest part of a write, and it grew with the spec.
 - E (the event log): every column NOT NULL but `payload`, primary key
-  (<machine>_id, version), a CHECK calling a function that holds the spec's (from,
-  event, to) triples, UPDATE / DELETE / TRUNCATE refused by triggers, and a deferred
+  (<machine>_id, version), a CHECK casting each (from, event, to) triple to the
+  domain holding the spec's, UPDATE / DELETE / TRUNCATE refused by triggers, and a deferred
   trigger that refuses at COMMIT an event row recording a move its row did not
   make. No foreign key (its check cost `_apply` a tenth of its time): triggers on T
   refuse deleting or truncating rows that have history, but through purge. Together
@@ -84,7 +84,7 @@ import jinja2
 
 from fsmc import facts
 from fsmc.digest import machine_digest
-from fsmc.escape import sql_comment, sql_ident, sql_name, sql_str, sql_text_array
+from fsmc.escape import sql_comment, sql_ident, sql_jsonb_keys, sql_name, sql_str, sql_text_array
 from fsmc.facts import CLAIM_COLUMNS, CLAIM_RULE, Action
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
@@ -92,6 +92,7 @@ from fsmc.targets.common import Paths, header_context
 from fsmc.targets.pgschema import (
     Column,
     Constraint,
+    Domain,
     Function,
     Index,
     Parameter,
@@ -106,9 +107,11 @@ from fsmc.templating import environment, render
 # The id column per id_type: (type, default, identity).
 # The shape of the schema this fsmc builds, recorded by `<machine>_fsmc_format()`.
 # 1: before it existed (no created_at/entered_at, claim, purge, intervals); 2: with them;
-# 3: the writer role owns the moving functions, and `_apply` takes `to_state`.
+# 3: the writer role owns the moving functions, and `_apply` takes `to_state`; 4: the
+# state and triple CHECKs cast to domains holding the lists (format 3: the triples in a
+# function).
 # `fsmc migrate` brings a database of an older format to this one first.
-SCHEMA_FORMAT = 3
+SCHEMA_FORMAT = 4
 
 ID_COLUMNS = {
     "uuid": ("uuid", "pg_catalog.gen_random_uuid()", False),
@@ -588,11 +591,6 @@ def _bodies_template() -> jinja2.Template:
 # --- the model -------------------------------------------------------------------------
 
 # Why the objects are as they are, printed above them in the file.
-_CHECKS_AS_CONSTANTS = (
-    "The state CHECK holds the spec's states as one text[] constant: PostgreSQL rebuilds a",
-    "CHECK for every statement that writes the table, and a constant costs that rebuild",
-    "far less than an IN list does. The triples, many more, are the function's above.",
-)
 _LEASE_INDEX = (
     "The reclaim scan reads only rows in a lease state. Keyed on state, not heartbeat_at:",
     "a heartbeat then changes no indexed column and stays a HOT update.",
@@ -660,11 +658,11 @@ _PURGE = (
     "The only way history is deleted. SECURITY DEFINER, to write the owner's ticket table",
     "(the application role has no grant on it, so it cannot forge a ticket).",
 )
-_TRANSITIONS = (
-    "The spec's (from, event, to) triples, for the event log's CHECK. A CHECK's expression",
-    "is read back from the catalog for every statement that writes the table, and reading",
-    "the triples as an array constant there cost _apply more than the INSERT itself; a",
-    "PL/pgSQL function keeps them parsed for the session.",
+_DOMAINS = (
+    "The spec's states and its (from, event, to) triples, for the tables' CHECKs, which",
+    "cast to these domains. PostgreSQL reads a table's CHECK back from the catalog for",
+    "every statement that writes the table, but keeps a domain's CHECK parsed for the",
+    "session: the lists are read once, and each lookup is a search of a jsonb's keys.",
 )
 _APPEND_ONLY = ("SECURITY DEFINER only to read the ticket table, which the caller cannot.",)
 _GUARD_DELETE = (
@@ -674,6 +672,28 @@ _GUARD_DELETE = (
     "history from being deleted or truncated away, this does (purge, holding a ticket,",
     "excepted). SECURITY DEFINER only to read the ticket table.",
 )
+
+
+def spec_domains(m: Machine) -> tuple[Domain, Domain]:
+    """The domains holding the spec's states and its (from, event, to) triples, which
+    the two tables' CHECKs cast to. Each is named after a hash of its list: a spec
+    with other states or triples makes another domain and so another CHECK, which
+    `fsmc migrate` adds NOT VALID and validates where history allows."""
+    states = [str(s) for s in m.state_names]
+    triples = [joined(*e) for e in m.edges]
+    return (
+        Domain(sql_ident(sql_name(str(m.name), "state", _short_hash(sorted(states)))), "text",
+               sql_ident(sql_name(str(m.name), "state_check")), sql_jsonb_keys(states), _DOMAINS),
+        Domain(sql_ident(sql_name(str(m.name), "transition", _short_hash(sorted(triples)))), "text",
+               sql_ident(sql_name(str(m.name), "transition_check")), sql_jsonb_keys(triples)),
+    )  # fmt: skip
+
+
+def format3_transitions(m: Machine) -> str:
+    """The signature of the function format 3 kept the triples in (its CHECK called it):
+    `fsmc migrate` drops it when it moves that CHECK to the domain."""
+    triples = [joined(*e) for e in m.edges]
+    return sql_ident(sql_name(str(m.name), "transitions", _short_hash(sorted(triples)))) + "(text, text, text)"
 
 
 def schema(machine: Machine) -> Schema:
@@ -687,19 +707,9 @@ def schema(machine: Machine) -> Schema:
         return str(getattr(bodies, function)())
 
     id_type, id_default, identity = ID_COLUMNS[m.postgres.id_type]
-    # The event log's CHECK calls a function holding the spec's triples, named after a
-    # hash of them: a spec with other triples makes another function and so another
-    # CHECK, which `fsmc migrate` adds NOT VALID and validates where history allows.
-    triples = [joined(*e) for e in m.edges]
-    transitions_fn = sql_ident(sql_name(str(m.name), "transitions", _short_hash(sorted(triples))))
-    transitions = Function(
-        transitions_fn,
-        (Parameter("from_state", "text"), Parameter("event", "text"), Parameter("to_state", "text")),
-        "boolean", "plpgsql",
-        "BEGIN\n    RETURN (from_state || ' ' || event || ' ' || to_state) = ANY ("
-        + sql_text_array(triples) + ");\nEND\n",
-        attributes=("IMMUTABLE", "PARALLEL SAFE"), comment=_TRANSITIONS, early=True,
-    )  # fmt: skip
+    domains = spec_domains(m)
+    state_domain, transition_domain = domains
+    triple = "from_state || ' ' || event || ' ' || to_state"
     claim = [Column(col, "timestamptz" if col.endswith("_at") else "text") for col in CLAIM_COLUMNS]
     table = Table(
         name=n.table,
@@ -716,7 +726,7 @@ def schema(machine: Machine) -> Schema:
         ),
         constraints=(
             Constraint(n.table_pkey, "PRIMARY KEY (id)"),
-            Constraint.of_check(n.state_check, sql_any("state", m.state_names)),
+            state_domain.check_of(n.state_check, "state"),
             *(
                 Constraint.of_check(count_check(m, cap.event), f"{cap.column} BETWEEN 0 AND {cap.limit}")
                 for cap in c.caps
@@ -739,10 +749,9 @@ def schema(machine: Machine) -> Schema:
         constraints=(
             Constraint(n.events_pkey, f"PRIMARY KEY ({n.id_column}, version)"),
             Constraint.of_check(n.version_check, "version > 0"),
-            Constraint.of_check(n.triple_check, f"{transitions_fn}(from_state, event, to_state)"),
+            transition_domain.check_of(n.triple_check, triple),
         ),
         history=True,
-        comment=_CHECKS_AS_CONSTANTS,
     )
     indexes: tuple[Index, ...] = ()
     if m.lease is not None:
@@ -764,7 +773,6 @@ def schema(machine: Machine) -> Schema:
         return Function(name, (), "trigger", "plpgsql", body, settings=settings, comment=comment)
 
     functions = [
-        transitions,
         Function(n.digest, (), "text", "sql", sql_str(machine_digest(m)),
                  attributes=("IMMUTABLE", "PARALLEL SAFE"), comment=_FUNCTIONS),  # fmt: skip
         Function(n.format, (), "integer", "sql", str(SCHEMA_FORMAT),
@@ -844,7 +852,7 @@ def schema(machine: Machine) -> Schema:
         Trigger(n.append_only_truncate, n.events_table, "BEFORE", "TRUNCATE", n.append_only,
                 for_each="STATEMENT"),  # fmt: skip
     )
-    return Schema((table, events, tickets), indexes, tuple(functions), triggers, views)
+    return Schema((table, events, tickets), indexes, tuple(functions), triggers, views, domains)
 
 
 # The file's comment lines are fsmc's own sentences (a machine's name at most), the
