@@ -11,8 +11,11 @@ Contract of this module:
   functions, triggers), and `fsmc.migrate` compares the `Schema` of OLD with that of NEW. So
   the file and the migration cannot disagree about what a database holds.
 - Objects are keyed by name (as SQL spells it): tables, indexes, functions (with
-  their argument types: an overload is another function) and views per schema,
-  columns and constraints per table, triggers per (table, name). Equal objects
+  their argument types: an overload is another function), views and domains per
+  schema, columns and constraints per table, triggers per (table, name). A domain
+  is never changed in place: its name carries a hash of what it holds, so another
+  list is another domain, created before the CHECKs cast to it and the old one
+  dropped after. Equal objects
   render equal statements; a difference between two objects is a difference
   between the databases they build (`comment` excepted: it documents the file).
 - Adding to the model: a column, a constraint, a function (or a parameter of one)
