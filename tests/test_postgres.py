@@ -389,6 +389,13 @@ def test_an_event_row_without_its_state_change_fails_at_commit(db: Scratch) -> N
         assert sqlstate_of(error) == sqlstate.UNLOGGED_CHANGE, error
         assert len(db.events_of(conn, row_id)) == version
         assert db.row(conn, row_id) == (source_state, version)
+        # Nor one at a version no move can reach, below the row's (which its first move
+        # would have), however the row has moved since.
+        moved_id, moved = db.row_at(conn, target)
+        for bogus in (0, -1):
+            error = refused_at_commit(conn, (insert, (moved_id, bogus, source_state, event, target)))
+            assert sqlstate_of(error) == sqlstate.UNLOGGED_CHANGE, (bogus, error)
+        assert len(db.events_of(conn, moved_id)) == moved
 
 
 def test_the_event_log_admits_only_the_specs_triples(db: Scratch) -> None:

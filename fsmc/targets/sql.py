@@ -152,7 +152,7 @@ class Names:
     events_pkey: str
     events_fkey: str
     triple_check: str
-    version_check: str
+    version_check: str  # the log's CHECK (version > 0) before format 4, now the commit-time check's
     writer: str  # the function naming this installation's writer role (writer_prepare)
 
     @staticmethod
@@ -748,7 +748,6 @@ def schema(machine: Machine) -> Schema:
         ),
         constraints=(
             Constraint(n.events_pkey, f"PRIMARY KEY ({n.id_column}, version)"),
-            Constraint.of_check(n.version_check, "version > 0"),
             transition_domain.check_of(n.triple_check, triple),
         ),
         history=True,

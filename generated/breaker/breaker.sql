@@ -102,7 +102,6 @@ CREATE TABLE breaker_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT breaker_events_pkey PRIMARY KEY (breaker_id, version),
-    CONSTRAINT breaker_events_version_check CHECK (version > 0),
     CONSTRAINT breaker_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::breaker_transition_b03a02b5) IS NOT NULL)
 );
 
@@ -562,7 +561,7 @@ SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM breakers AS t
-    WHERE t.id = NEW.breaker_id
+    WHERE t.id = NEW.breaker_id AND NEW.version > 0
       AND (t.state_version > NEW.version OR (t.state_version = NEW.version AND t.state = NEW.to_state));
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',

@@ -112,7 +112,6 @@ CREATE TABLE job_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT job_events_pkey PRIMARY KEY (job_id, version),
-    CONSTRAINT job_events_version_check CHECK (version > 0),
     CONSTRAINT job_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::job_transition_51621e28) IS NOT NULL)
 );
 
@@ -664,7 +663,7 @@ SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM jobs AS t
-    WHERE t.id = NEW.job_id
+    WHERE t.id = NEW.job_id AND NEW.version > 0
       AND (t.state_version > NEW.version OR (t.state_version = NEW.version AND t.state = NEW.to_state));
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',

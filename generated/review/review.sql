@@ -104,7 +104,6 @@ CREATE TABLE review_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT review_events_pkey PRIMARY KEY (review_id, version),
-    CONSTRAINT review_events_version_check CHECK (version > 0),
     CONSTRAINT review_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::review_transition_db4a721d) IS NOT NULL)
 );
 
@@ -556,7 +555,7 @@ SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM reviews AS t
-    WHERE t.id = NEW.review_id
+    WHERE t.id = NEW.review_id AND NEW.version > 0
       AND (t.state_version > NEW.version OR (t.state_version = NEW.version AND t.state = NEW.to_state));
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',

@@ -100,7 +100,6 @@ CREATE TABLE runner_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT runner_events_pkey PRIMARY KEY (runner_id, version),
-    CONSTRAINT runner_events_version_check CHECK (version > 0),
     CONSTRAINT runner_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::runner_transition_f9d80378) IS NOT NULL)
 );
 
@@ -526,7 +525,7 @@ SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM runners AS t
-    WHERE t.id = NEW.runner_id
+    WHERE t.id = NEW.runner_id AND NEW.version > 0
       AND (t.state_version > NEW.version OR (t.state_version = NEW.version AND t.state = NEW.to_state));
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',

@@ -113,7 +113,6 @@ CREATE TABLE subscription_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT subscription_events_pkey PRIMARY KEY (subscription_id, version),
-    CONSTRAINT subscription_events_version_check CHECK (version > 0),
     CONSTRAINT subscription_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::subscription_transition_ffb10a3d) IS NOT NULL)
 );
 
@@ -657,7 +656,7 @@ SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM subscriptions AS t
-    WHERE t.id = NEW.subscription_id
+    WHERE t.id = NEW.subscription_id AND NEW.version > 0
       AND (t.state_version > NEW.version OR (t.state_version = NEW.version AND t.state = NEW.to_state));
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',

@@ -111,7 +111,6 @@ CREATE TABLE task_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT task_events_pkey PRIMARY KEY (task_id, version),
-    CONSTRAINT task_events_version_check CHECK (version > 0),
     CONSTRAINT task_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::task_transition_b0868dc0) IS NOT NULL)
 );
 
@@ -712,7 +711,7 @@ SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     PERFORM FROM tasks AS t
-    WHERE t.id = NEW.task_id
+    WHERE t.id = NEW.task_id AND NEW.version > 0
       AND (t.state_version > NEW.version OR (t.state_version = NEW.version AND t.state = NEW.to_state));
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',
