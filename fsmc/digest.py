@@ -7,7 +7,8 @@ event), caps (language 1.1; absent when there are none) and PostgreSQL options (
 Descriptions, comments, key order, list order, YAML style and `from:` lists versus
 one transition per source leave it unchanged; any change to one of those facts
 changes it. Sets are sorted, since no order among states, events or transitions
-reaches the database (a CHECK's IN list means the same in any order).
+changes what the schema does (and the domains that hold the lists, named after
+them, are written sorted).
 
 Where the schema records it: the generated `.sql` defines
 

@@ -110,8 +110,9 @@ def sql_jsonb_keys(values: Iterable[str]) -> str:
     sorted keys, with nothing to build first: an `= ANY` over an array of nine or
     more elements builds a hash table each time its expression is made ready, which
     for a CHECK is every statement. JSON's escapes hold any text; `sql_str` quotes
-    the whole."""
-    return sql_str(json.dumps(dict.fromkeys(values, 0), ensure_ascii=False)) + "::pg_catalog.jsonb"
+    the whole. The keys are sorted: the same set is the same constant, whatever order
+    the spec wrote it in (a domain holding it is named after the set)."""
+    return sql_str(json.dumps(dict.fromkeys(sorted(values), 0), ensure_ascii=False)) + "::pg_catalog.jsonb"
 
 
 # Every PostgreSQL keyword, of any category (`SELECT word FROM pg_get_keywords()` on

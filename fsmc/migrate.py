@@ -402,7 +402,7 @@ class MigrateContext:
     format_upgrade: list[str]  # what format 2 added, under OLD's names (format_upgrade)
     format3_dropped: str  # format 2's `_apply`, without to_state (its signature)
     format4_domains: list[str]  # OLD's domains (CREATE DOMAIN), which format 4's CHECKs cast to
-    format4_checks: list[tuple[str, Check]]  # (table, CHECK) casting to them, OLD's names
+    format4_checks: list[tuple[str, str, str, bool]]  # (table, name, definition, history): the CHECKs casting to them
     format4_dropped: str  # the function format 3's triple CHECK called (its signature)
     writer_functions: str  # the SECURITY DEFINER functions NEW has, comma-separated
     apply_signature: str  # NEW's `_apply`, as regprocedure reads it
@@ -477,10 +477,10 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         format_upgrade=format_upgrade(old_schema, Names.of(old)),
         format4_domains=[d.create() for d in old_schema.domains],
         format4_checks=[
-            (t.name, Check(c.name, c.definition, c.check, True, t.history))
+            (t.name, c.name, c.definition, t.history)
             for t in old_schema.tables
             for c in t.constraints
-            if c.name in (Names.of(old).state_check, Names.of(old).triple_check) and c.check is not None
+            if c.name in (Names.of(old).state_check, Names.of(old).triple_check)
         ],
         format4_dropped=sql_target.format3_transitions(old),
         format3_dropped=f"{Names.of(old).apply}({sql_target.ID_COLUMNS[old.postgres.id_type][0]}, text, bigint, text, jsonb)",

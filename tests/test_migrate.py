@@ -199,7 +199,7 @@ CATALOG = {
         FROM pg_proc p WHERE p.pronamespace = %(ns)s::regnamespace""",
     "domains": """
         SELECT t.typname, pg_catalog.format_type(t.typbasetype, t.typtypmod), k.conname,
-               pg_catalog.pg_get_constraintdef(k.oid)
+               pg_catalog.pg_get_constraintdef(k.oid), t.typacl::text[]
         FROM pg_catalog.pg_type t JOIN pg_catalog.pg_constraint k ON k.contypid = t.oid
         WHERE t.typnamespace = %(ns)s::regnamespace AND t.typtype = 'd'""",
     "triggers": """
@@ -361,6 +361,7 @@ MIGRATING = [
     "changed_initial", "added_event", "removed_event", "removed_state", "lease_added",
     "lease_removed", "lease_changed", "renamed_tables", "renamed_to_awkward_names",
     "caps_added", "caps_raised", "caps_lowered", "caps_removed", "choice_added", "choice_removed",
+    "reordered_and_changed",
 ]  # fmt: skip
 
 
@@ -827,7 +828,7 @@ MODEL_CATALOG = {
           AND NOT EXISTS (SELECT FROM pg_catalog.pg_constraint k WHERE k.conindid = i.indexrelid)""",
     "domains": """
         SELECT t.typname, pg_catalog.format_type(t.typbasetype, t.typtypmod), k.conname,
-               pg_catalog.pg_get_constraintdef(k.oid)
+               pg_catalog.pg_get_constraintdef(k.oid), t.typacl::text[]
         FROM pg_catalog.pg_type t JOIN pg_catalog.pg_constraint k ON k.contypid = t.oid
         WHERE t.typnamespace = %(ns)s AND t.typtype = 'd'""",
     "triggers": """

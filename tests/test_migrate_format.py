@@ -8,7 +8,7 @@ tests/format_cases/added_state_old.format1.sql is what fsmc built for
 tests/migrate_cases/added_state/old.yaml before format 2 (the SQL template of that
 release, rendered for that spec); added_state_old.format2.sql what it built at
 format 2 (commit 9830bc5; its first lines say how it was made), and
-added_state_old.format3.sql at format 3 (commit 35f718e)."""
+added_state_old.format3.sql at format 3 (commit 970ec0a, the last before format 4)."""
 
 from __future__ import annotations
 

@@ -422,6 +422,18 @@ def test_the_event_log_admits_only_the_specs_triples(db: Scratch) -> None:
             assert sqlstate_of(error) == "23502", (column, error)
 
 
+def test_the_application_cannot_use_the_domains_the_checks_cast_to(db: Scratch) -> None:
+    # A table or view of its own using one would keep `fsmc migrate` from dropping it.
+    with db.connect() as conn:
+        for domain in sql_target.spec_domains(db.machine):
+            for statement in (f"CREATE TEMP TABLE pin (v {domain.name})",
+                              f"CREATE TEMP VIEW pin AS SELECT NULL::{domain.name} AS v"):  # fmt: skip
+                error = refused(conn, statement.encode())
+                assert sqlstate_of(error) == "42501", (statement, error)  # insufficient_privilege
+        row_id, version = db.row_at(conn, db.machine.edges[0][0])  # the CHECKs still work for it
+        assert db.apply(conn, row_id, db.machine.edges[0][1], version, to_state=db.machine.edges[0][2]) == version + 1
+
+
 def test_the_event_log_is_unique_per_row_and_version(db: Scratch) -> None:
     source_state, event, target = db.machine.edges[0]
     with db.connect() as conn:

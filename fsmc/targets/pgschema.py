@@ -89,8 +89,12 @@ class Domain:
     comment: tuple[str, ...] = ()
 
     def create(self) -> str:
+        """CREATE DOMAIN, and USAGE taken from PUBLIC: a role that could use the domain
+        in a table or view of its own (a temporary one will do) could keep `fsmc
+        migrate` from dropping it. A CHECK casting to it needs no USAGE to run."""
         return (f"CREATE DOMAIN {self.name} AS {self.base}\n"
-                f"    CONSTRAINT {self.constraint} CHECK ({self.keys} OPERATOR(pg_catalog.?) VALUE);")  # fmt: skip
+                f"    CONSTRAINT {self.constraint} CHECK ({self.keys} OPERATOR(pg_catalog.?) VALUE);\n"
+                f"REVOKE USAGE ON DOMAIN {self.name} FROM PUBLIC;")  # fmt: skip
 
     def check_of(self, name: str, value: str) -> Constraint:
         """A table's CHECK named `name` that `value` (an expression over its columns) is
@@ -200,7 +204,7 @@ class Trigger:
     name: str
     table: str
     timing: str  # BEFORE or AFTER
-    events: str  # INSERT, UPDATE, UPDATE OR DELETE, TRUNCATE
+    events: str  # INSERT, UPDATE, UPDATE OF <columns>, UPDATE OR DELETE, TRUNCATE
     function: str
     for_each: str = "ROW"  # or STATEMENT
     when: str | None = None

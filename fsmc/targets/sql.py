@@ -617,7 +617,8 @@ _GUARD_UPDATE_WHEN = (
     "Only an UPDATE that sets state, state_version or a count reaches the function (a",
     "heartbeat does not), and none the writer role's functions make. The columns are",
     "named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN",
-    "clause for every statement, and a column list costs nothing to test.",
+    "clause for every statement, and tests a column list against the statement's SET",
+    "list. What an earlier BEFORE trigger of the owner's changes in them is not seen.",
 )
 _CHECK_LOGGED = (
     "Checked at COMMIT, so a transaction may update the row and insert its event row in",
@@ -680,7 +681,7 @@ def spec_domains(m: Machine) -> tuple[Domain, Domain]:
     with other states or triples makes another domain and so another CHECK, which
     `fsmc migrate` adds NOT VALID and validates where history allows."""
     states = [str(s) for s in m.state_names]
-    triples = [joined(*e) for e in m.edges]
+    triples = _triples(m)
     return (
         Domain(sql_ident(sql_name(str(m.name), "state", _short_hash(sorted(states)))), "text",
                sql_ident(sql_name(str(m.name), "state_check")), sql_jsonb_keys(states), _DOMAINS),
@@ -692,8 +693,12 @@ def spec_domains(m: Machine) -> tuple[Domain, Domain]:
 def format3_transitions(m: Machine) -> str:
     """The signature of the function format 3 kept the triples in (its CHECK called it):
     `fsmc migrate` drops it when it moves that CHECK to the domain."""
-    triples = [joined(*e) for e in m.edges]
-    return sql_ident(sql_name(str(m.name), "transitions", _short_hash(sorted(triples)))) + "(text, text, text)"
+    return sql_ident(sql_name(str(m.name), "transitions", _short_hash(sorted(_triples(m))))) + "(text, text, text)"
+
+
+def _triples(m: Machine) -> list[str]:
+    """The spec's (from, event, to) triples, each as one text."""
+    return [joined(*e) for e in m.edges]
 
 
 def schema(machine: Machine) -> Schema:
@@ -815,8 +820,8 @@ def schema(machine: Machine) -> Schema:
     functions += [
         trigger_function(n.guard_insert, body("guard_insert"), comment=(
             f"Defense in depth: writes that bypass {m.name}_apply (a manual UPDATE during an",
-            "incident) still keep to the spec. Each trigger's WHEN clause lets through, without",
-            "a function call, every write the rule has nothing to say about.",
+            "incident) still keep to the spec. Each trigger's column list or WHEN clause keeps",
+            "from its function the writes its rule has nothing to say about.",
         )),  # fmt: skip
         trigger_function(n.guard_update, body("guard_update"), comment=_GUARD_UPDATE),
         trigger_function(n.check_logged, body("check_logged"), *_SEQSCAN_OFF),

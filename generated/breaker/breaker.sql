@@ -77,10 +77,12 @@ $fsmc$;
 -- every statement that writes the table, but keeps a domain's CHECK parsed for the
 -- session: the lists are read once, and each lookup is a search of a jsonb's keys.
 CREATE DOMAIN breaker_state_ccfdf660 AS text
-    CONSTRAINT breaker_state_check CHECK ('{"closed": 0, "open": 0, "half_open": 0, "forced_open": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+    CONSTRAINT breaker_state_check CHECK ('{"closed": 0, "forced_open": 0, "half_open": 0, "open": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+REVOKE USAGE ON DOMAIN breaker_state_ccfdf660 FROM PUBLIC;
 
 CREATE DOMAIN breaker_transition_b03a02b5 AS text
-    CONSTRAINT breaker_transition_check CHECK ('{"closed trip open": 0, "open wait_elapsed half_open": 0, "half_open trial closed": 0, "half_open trial open": 0, "closed force_open forced_open": 0, "open force_open forced_open": 0, "half_open force_open forced_open": 0, "closed reset closed": 0, "open reset closed": 0, "half_open reset closed": 0, "forced_open reset closed": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+    CONSTRAINT breaker_transition_check CHECK ('{"closed force_open forced_open": 0, "closed reset closed": 0, "closed trip open": 0, "forced_open reset closed": 0, "half_open force_open forced_open": 0, "half_open reset closed": 0, "half_open trial closed": 0, "half_open trial open": 0, "open force_open forced_open": 0, "open reset closed": 0, "open wait_elapsed half_open": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+REVOKE USAGE ON DOMAIN breaker_transition_b03a02b5 FROM PUBLIC;
 
 CREATE TABLE breakers (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
@@ -482,8 +484,8 @@ END
 $fsmc$;
 
 -- Defense in depth: writes that bypass breaker_apply (a manual UPDATE during an
--- incident) still keep to the spec. Each trigger's WHEN clause lets through, without
--- a function call, every write the rule has nothing to say about.
+-- incident) still keep to the spec. Each trigger's column list or WHEN clause keeps
+-- from its function the writes its rule has nothing to say about.
 CREATE FUNCTION breaker_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
@@ -627,7 +629,8 @@ EXECUTE FUNCTION breaker_guard_insert();
 -- Only an UPDATE that sets state, state_version or a count reaches the function (a
 -- heartbeat does not), and none the writer role's functions make. The columns are
 -- named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN
--- clause for every statement, and a column list costs nothing to test.
+-- clause for every statement, and tests a column list against the statement's SET
+-- list. What an earlier BEFORE trigger of the owner's changes in them is not seen.
 DO $fsmc$
 DECLARE
     v_writer pg_catalog.text;

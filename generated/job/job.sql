@@ -84,10 +84,12 @@ $fsmc$;
 -- every statement that writes the table, but keeps a domain's CHECK parsed for the
 -- session: the lists are read once, and each lookup is a search of a jsonb's keys.
 CREATE DOMAIN job_state_5f834b2e AS text
-    CONSTRAINT job_state_check CHECK ('{"queued": 0, "claimed": 0, "running": 0, "paused": 0, "completed": 0, "failed": 0, "abandoned": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+    CONSTRAINT job_state_check CHECK ('{"abandoned": 0, "claimed": 0, "completed": 0, "failed": 0, "paused": 0, "queued": 0, "running": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+REVOKE USAGE ON DOMAIN job_state_5f834b2e FROM PUBLIC;
 
 CREATE DOMAIN job_transition_51621e28 AS text
-    CONSTRAINT job_transition_check CHECK ('{"queued claim claimed": 0, "claimed start running": 0, "claimed reclaim queued": 0, "running reclaim queued": 0, "running finish completed": 0, "running error failed": 0, "running pause paused": 0, "paused resume running": 0, "paused abandon abandoned": 0, "failed retry queued": 0, "failed abandon abandoned": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+    CONSTRAINT job_transition_check CHECK ('{"claimed reclaim queued": 0, "claimed start running": 0, "failed abandon abandoned": 0, "failed retry queued": 0, "paused abandon abandoned": 0, "paused resume running": 0, "queued claim claimed": 0, "running error failed": 0, "running finish completed": 0, "running pause paused": 0, "running reclaim queued": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+REVOKE USAGE ON DOMAIN job_transition_51621e28 FROM PUBLIC;
 
 CREATE TABLE jobs (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
@@ -584,8 +586,8 @@ END
 $fsmc$;
 
 -- Defense in depth: writes that bypass job_apply (a manual UPDATE during an
--- incident) still keep to the spec. Each trigger's WHEN clause lets through, without
--- a function call, every write the rule has nothing to say about.
+-- incident) still keep to the spec. Each trigger's column list or WHEN clause keeps
+-- from its function the writes its rule has nothing to say about.
 CREATE FUNCTION job_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
@@ -729,7 +731,8 @@ EXECUTE FUNCTION job_guard_insert();
 -- Only an UPDATE that sets state, state_version or a count reaches the function (a
 -- heartbeat does not), and none the writer role's functions make. The columns are
 -- named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN
--- clause for every statement, and a column list costs nothing to test.
+-- clause for every statement, and tests a column list against the statement's SET
+-- list. What an earlier BEFORE trigger of the owner's changes in them is not seen.
 DO $fsmc$
 DECLARE
     v_writer pg_catalog.text;

@@ -86,10 +86,12 @@ $fsmc$;
 -- every statement that writes the table, but keeps a domain's CHECK parsed for the
 -- session: the lists are read once, and each lookup is a search of a jsonb's keys.
 CREATE DOMAIN subscription_state_03d2aa89 AS text
-    CONSTRAINT subscription_state_check CHECK ('{"incomplete": 0, "incomplete_expired": 0, "trialing": 0, "active": 0, "past_due": 0, "unpaid": 0, "paused": 0, "canceled": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+    CONSTRAINT subscription_state_check CHECK ('{"active": 0, "canceled": 0, "incomplete": 0, "incomplete_expired": 0, "past_due": 0, "paused": 0, "trialing": 0, "unpaid": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+REVOKE USAGE ON DOMAIN subscription_state_03d2aa89 FROM PUBLIC;
 
 CREATE DOMAIN subscription_transition_ffb10a3d AS text
-    CONSTRAINT subscription_transition_check CHECK ('{"incomplete pay active": 0, "incomplete start_trial trialing": 0, "incomplete expire incomplete_expired": 0, "trialing end_trial active": 0, "trialing extend_trial trialing": 0, "active payment_failed past_due": 0, "past_due pay active": 0, "past_due give_up unpaid": 0, "unpaid pay active": 0, "active pause paused": 0, "paused resume active": 0, "trialing cancel canceled": 0, "active cancel canceled": 0, "past_due cancel canceled": 0, "unpaid cancel canceled": 0, "paused cancel canceled": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+    CONSTRAINT subscription_transition_check CHECK ('{"active cancel canceled": 0, "active pause paused": 0, "active payment_failed past_due": 0, "incomplete expire incomplete_expired": 0, "incomplete pay active": 0, "incomplete start_trial trialing": 0, "past_due cancel canceled": 0, "past_due give_up unpaid": 0, "past_due pay active": 0, "paused cancel canceled": 0, "paused resume active": 0, "trialing cancel canceled": 0, "trialing end_trial active": 0, "trialing extend_trial trialing": 0, "unpaid cancel canceled": 0, "unpaid pay active": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+REVOKE USAGE ON DOMAIN subscription_transition_ffb10a3d FROM PUBLIC;
 
 CREATE TABLE subscriptions (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
@@ -528,8 +530,8 @@ END
 $fsmc$;
 
 -- Defense in depth: writes that bypass subscription_apply (a manual UPDATE during an
--- incident) still keep to the spec. Each trigger's WHEN clause lets through, without
--- a function call, every write the rule has nothing to say about.
+-- incident) still keep to the spec. Each trigger's column list or WHEN clause keeps
+-- from its function the writes its rule has nothing to say about.
 CREATE FUNCTION subscription_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
@@ -722,7 +724,8 @@ EXECUTE FUNCTION subscription_guard_insert();
 -- Only an UPDATE that sets state, state_version or a count reaches the function (a
 -- heartbeat does not), and none the writer role's functions make. The columns are
 -- named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN
--- clause for every statement, and a column list costs nothing to test.
+-- clause for every statement, and tests a column list against the statement's SET
+-- list. What an earlier BEFORE trigger of the owner's changes in them is not seen.
 DO $fsmc$
 DECLARE
     v_writer pg_catalog.text;

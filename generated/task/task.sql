@@ -81,10 +81,12 @@ $fsmc$;
 -- every statement that writes the table, but keeps a domain's CHECK parsed for the
 -- session: the lists are read once, and each lookup is a search of a jsonb's keys.
 CREATE DOMAIN task_state_4799cada AS text
-    CONSTRAINT task_state_check CHECK ('{"new": 0, "acquired": 0, "working": 0, "done": 0, "failed": 0, "dead": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+    CONSTRAINT task_state_check CHECK ('{"acquired": 0, "dead": 0, "done": 0, "failed": 0, "new": 0, "working": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+REVOKE USAGE ON DOMAIN task_state_4799cada FROM PUBLIC;
 
 CREATE DOMAIN task_transition_b0868dc0 AS text
-    CONSTRAINT task_transition_check CHECK ('{"new acquire acquired": 0, "acquired begin working": 0, "acquired expire new": 0, "working complete done": 0, "acquired fail failed": 0, "working fail failed": 0, "failed retry new": 0, "failed give_up dead": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+    CONSTRAINT task_transition_check CHECK ('{"acquired begin working": 0, "acquired expire new": 0, "acquired fail failed": 0, "failed give_up dead": 0, "failed retry new": 0, "new acquire acquired": 0, "working complete done": 0, "working fail failed": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
+REVOKE USAGE ON DOMAIN task_transition_b0868dc0 FROM PUBLIC;
 
 CREATE TABLE tasks (
     id text NOT NULL,
@@ -583,8 +585,8 @@ END
 $fsmc$;
 
 -- Defense in depth: writes that bypass task_apply (a manual UPDATE during an
--- incident) still keep to the spec. Each trigger's WHEN clause lets through, without
--- a function call, every write the rule has nothing to say about.
+-- incident) still keep to the spec. Each trigger's column list or WHEN clause keeps
+-- from its function the writes its rule has nothing to say about.
 CREATE FUNCTION task_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
@@ -777,7 +779,8 @@ EXECUTE FUNCTION task_guard_insert();
 -- Only an UPDATE that sets state, state_version or a count reaches the function (a
 -- heartbeat does not), and none the writer role's functions make. The columns are
 -- named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN
--- clause for every statement, and a column list costs nothing to test.
+-- clause for every statement, and tests a column list against the statement's SET
+-- list. What an earlier BEFORE trigger of the owner's changes in them is not seen.
 DO $fsmc$
 DECLARE
     v_writer pg_catalog.text;
