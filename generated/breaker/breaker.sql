@@ -196,6 +196,9 @@ DECLARE
     v_state text;
     v_version bigint;
     v_targets text[];
+    v_from text;
+    v_move pg_catalog.jsonb;
+    v_to text;
 BEGIN
     IF breaker_apply.id IS NULL OR v_event IS NULL OR breaker_apply.expected_version IS NULL
         OR breaker_apply.actor IS NULL THEN
@@ -203,43 +206,28 @@ BEGIN
             MESSAGE = 'breaker_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one statement: an UPDATE of the row at the
-        -- expected version, joined to the spec's transitions out of its state on this
-        -- event (a choice: the target asked for; otherwise the one target),
-        -- and the event row inserted from what it returns.
-        -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
-        -- row version the winner left (EvalPlanQual), whose state_version no longer
-        -- matches: of two calls at one version, one moves the row.
-        WITH moved AS (
+        -- The move: the row's state, its move on this event looked up in the spec's
+        -- moves (a choice: the target asked for; otherwise the one target), then the
+        -- UPDATE of the row at the expected version and in that state,
+        -- and the event row. A concurrent mover of this row makes the UPDATE wait, then
+        -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
+        -- state_version no longer matches: of two calls at one version, one moves the row.
+        SELECT t.state INTO v_from FROM breakers AS t WHERE t.id = breaker_apply.id;
+        v_move := '{"closed force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "closed reset": {"s": "closed", "t": {"closed": "none"}}, "closed trip": {"s": "open", "t": {"open": "none"}}, "forced_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "half_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open trial": {"t": {"closed": "none", "open": "none"}}, "open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "open reset": {"s": "closed", "t": {"closed": "none"}}, "open wait_elapsed": {"s": "half_open", "t": {"half_open": "none"}}}'::pg_catalog.jsonb -> (v_from || ' ' || v_event);
+        v_to := CASE WHEN v_wanted IS NULL THEN v_move ->> 's' WHEN (v_move -> 't') ? v_wanted THEN v_wanted END;
+        IF v_to IS NOT NULL THEN
             UPDATE breakers AS t
-            SET state = x.to_state,
+            SET state = v_to,
                 state_version = t.state_version + 1,
                 entered_at = pg_catalog.now()
-            FROM (VALUES
-                ('closed', 'trip', 'open', 'none', true),
-                ('open', 'wait_elapsed', 'half_open', 'none', true),
-                ('half_open', 'trial', 'closed', 'none', false),
-                ('half_open', 'trial', 'open', 'none', false),
-                ('closed', 'force_open', 'forced_open', 'none', true),
-                ('open', 'force_open', 'forced_open', 'none', true),
-                ('half_open', 'force_open', 'forced_open', 'none', true),
-                ('closed', 'reset', 'closed', 'none', true),
-                ('open', 'reset', 'closed', 'none', true),
-                ('half_open', 'reset', 'closed', 'none', true),
-                ('forced_open', 'reset', 'closed', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single)
             WHERE t.id = breaker_apply.id
-              AND t.state_version = breaker_apply.expected_version
-              AND x.from_state = t.state AND x.event = v_event
-              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-            RETURNING x.from_state, x.to_state
-        )
-        INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor, payload)
-        SELECT breaker_apply.id, breaker_apply.expected_version + 1, m.from_state, v_event, m.to_state,
-               breaker_apply.actor, breaker_apply.payload
-        FROM moved AS m;
-        IF FOUND THEN
-            RETURN breaker_apply.expected_version + 1;
+              AND t.state_version = breaker_apply.expected_version AND t.state = v_from;
+            IF FOUND THEN
+                INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor, payload)
+                VALUES (breaker_apply.id, breaker_apply.expected_version + 1, v_from, v_event, v_to,
+                        breaker_apply.actor, breaker_apply.payload);
+                RETURN breaker_apply.expected_version + 1;
+            END IF;
         END IF;
 
         -- Nothing moved: find out why, in the order the contract gives.

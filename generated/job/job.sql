@@ -211,6 +211,10 @@ DECLARE
     v_state text;
     v_version bigint;
     v_targets text[];
+    v_from text;
+    v_move pg_catalog.jsonb;
+    v_to text;
+    v_lease text;
 BEGIN
     IF job_apply.id IS NULL OR v_event IS NULL OR job_apply.expected_version IS NULL
         OR job_apply.actor IS NULL THEN
@@ -218,46 +222,32 @@ BEGIN
             MESSAGE = 'job_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one statement: an UPDATE of the row at the
-        -- expected version, joined to the spec's transitions out of its state on this
-        -- event (a choice: the target asked for; otherwise the one target),
-        -- and the event row inserted from what it returns.
-        -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
-        -- row version the winner left (EvalPlanQual), whose state_version no longer
-        -- matches: of two calls at one version, one moves the row.
-        WITH moved AS (
+        -- The move: the row's state, its move on this event looked up in the spec's
+        -- moves (a choice: the target asked for; otherwise the one target), then the
+        -- UPDATE of the row at the expected version and in that state,
+        -- and the event row. A concurrent mover of this row makes the UPDATE wait, then
+        -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
+        -- state_version no longer matches: of two calls at one version, one moves the row.
+        SELECT t.state INTO v_from FROM jobs AS t WHERE t.id = job_apply.id;
+        v_move := '{"claimed reclaim": {"s": "queued", "t": {"queued": "leave"}}, "claimed start": {"s": "running", "t": {"running": "stay"}}, "failed abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "failed retry": {"s": "queued", "t": {"queued": "none"}}, "paused abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "paused resume": {"s": "running", "t": {"running": "enter"}}, "queued claim": {"s": "claimed", "t": {"claimed": "enter"}}, "running error": {"s": "failed", "t": {"failed": "leave"}}, "running finish": {"s": "completed", "t": {"completed": "leave"}}, "running pause": {"s": "paused", "t": {"paused": "leave"}}, "running reclaim": {"s": "queued", "t": {"queued": "leave"}}}'::pg_catalog.jsonb -> (v_from || ' ' || v_event);
+        v_to := CASE WHEN v_wanted IS NULL THEN v_move ->> 's' WHEN (v_move -> 't') ? v_wanted THEN v_wanted END;
+        IF v_to IS NOT NULL THEN
+            v_lease := (v_move -> 't') ->> v_to;
             UPDATE jobs AS t
-            SET state = x.to_state,
+            SET state = v_to,
                 state_version = t.state_version + 1,
                 entered_at = pg_catalog.now(),
-                claimed_by = CASE x.lease WHEN 'enter' THEN job_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-            FROM (VALUES
-                ('queued', 'claim', 'claimed', 'enter', true),
-                ('claimed', 'start', 'running', 'stay', true),
-                ('claimed', 'reclaim', 'queued', 'leave', true),
-                ('running', 'reclaim', 'queued', 'leave', true),
-                ('running', 'finish', 'completed', 'leave', true),
-                ('running', 'error', 'failed', 'leave', true),
-                ('running', 'pause', 'paused', 'leave', true),
-                ('paused', 'resume', 'running', 'enter', true),
-                ('paused', 'abandon', 'abandoned', 'none', true),
-                ('failed', 'retry', 'queued', 'none', true),
-                ('failed', 'abandon', 'abandoned', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single)
+                claimed_by = CASE v_lease WHEN 'enter' THEN job_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+                claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             WHERE t.id = job_apply.id
-              AND t.state_version = job_apply.expected_version
-              AND x.from_state = t.state AND x.event = v_event
-              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-            RETURNING x.from_state, x.to_state
-        )
-        INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, payload)
-        SELECT job_apply.id, job_apply.expected_version + 1, m.from_state, v_event, m.to_state,
-               job_apply.actor, job_apply.payload
-        FROM moved AS m;
-        IF FOUND THEN
-            RETURN job_apply.expected_version + 1;
+              AND t.state_version = job_apply.expected_version AND t.state = v_from;
+            IF FOUND THEN
+                INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, payload)
+                VALUES (job_apply.id, job_apply.expected_version + 1, v_from, v_event, v_to,
+                        job_apply.actor, job_apply.payload);
+                RETURN job_apply.expected_version + 1;
+            END IF;
         END IF;
 
         -- Nothing moved: find out why, in the order the contract gives.

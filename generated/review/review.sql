@@ -198,6 +198,9 @@ DECLARE
     v_state text;
     v_version bigint;
     v_targets text[];
+    v_from text;
+    v_move pg_catalog.jsonb;
+    v_to text;
 BEGIN
     IF review_apply.id IS NULL OR v_event IS NULL OR review_apply.expected_version IS NULL
         OR review_apply.actor IS NULL THEN
@@ -205,41 +208,28 @@ BEGIN
             MESSAGE = 'review_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one statement: an UPDATE of the row at the
-        -- expected version, joined to the spec's transitions out of its state on this
-        -- event (a choice: the target asked for; otherwise the one target),
-        -- and the event row inserted from what it returns.
-        -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
-        -- row version the winner left (EvalPlanQual), whose state_version no longer
-        -- matches: of two calls at one version, one moves the row.
-        WITH moved AS (
+        -- The move: the row's state, its move on this event looked up in the spec's
+        -- moves (a choice: the target asked for; otherwise the one target), then the
+        -- UPDATE of the row at the expected version and in that state,
+        -- and the event row. A concurrent mover of this row makes the UPDATE wait, then
+        -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
+        -- state_version no longer matches: of two calls at one version, one moves the row.
+        SELECT t.state INTO v_from FROM reviews AS t WHERE t.id = review_apply.id;
+        v_move := '{"approved merge": {"s": "merged", "t": {"merged": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "draft submit": {"s": "open", "t": {"open": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb -> (v_from || ' ' || v_event);
+        v_to := CASE WHEN v_wanted IS NULL THEN v_move ->> 's' WHEN (v_move -> 't') ? v_wanted THEN v_wanted END;
+        IF v_to IS NOT NULL THEN
             UPDATE reviews AS t
-            SET state = x.to_state,
+            SET state = v_to,
                 state_version = t.state_version + 1,
                 entered_at = pg_catalog.now()
-            FROM (VALUES
-                ('draft', 'submit', 'open', 'none', true),
-                ('open', 'review', 'approved', 'none', false),
-                ('open', 'review', 'changes_requested', 'none', false),
-                ('open', 'review', 'open', 'none', false),
-                ('changes_requested', 'revise', 'open', 'none', true),
-                ('approved', 'merge', 'merged', 'none', true),
-                ('draft', 'withdraw', 'withdrawn', 'none', true),
-                ('open', 'withdraw', 'withdrawn', 'none', true),
-                ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single)
             WHERE t.id = review_apply.id
-              AND t.state_version = review_apply.expected_version
-              AND x.from_state = t.state AND x.event = v_event
-              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-            RETURNING x.from_state, x.to_state
-        )
-        INSERT INTO review_events (review_id, version, from_state, event, to_state, actor, payload)
-        SELECT review_apply.id, review_apply.expected_version + 1, m.from_state, v_event, m.to_state,
-               review_apply.actor, review_apply.payload
-        FROM moved AS m;
-        IF FOUND THEN
-            RETURN review_apply.expected_version + 1;
+              AND t.state_version = review_apply.expected_version AND t.state = v_from;
+            IF FOUND THEN
+                INSERT INTO review_events (review_id, version, from_state, event, to_state, actor, payload)
+                VALUES (review_apply.id, review_apply.expected_version + 1, v_from, v_event, v_to,
+                        review_apply.actor, review_apply.payload);
+                RETURN review_apply.expected_version + 1;
+            END IF;
         END IF;
 
         -- Nothing moved: find out why, in the order the contract gives.

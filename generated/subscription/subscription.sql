@@ -207,6 +207,9 @@ DECLARE
     v_state text;
     v_version bigint;
     v_targets text[];
+    v_from text;
+    v_move pg_catalog.jsonb;
+    v_to text;
     v_extend_trial_count integer;
 BEGIN
     IF subscription_apply.id IS NULL OR v_event IS NULL OR subscription_apply.expected_version IS NULL
@@ -215,50 +218,30 @@ BEGIN
             MESSAGE = 'subscription_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one statement: an UPDATE of the row at the
-        -- expected version, joined to the spec's transitions out of its state on this
-        -- event (a choice: the target asked for; otherwise the one target, under its cap),
-        -- and the event row inserted from what it returns.
-        -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
-        -- row version the winner left (EvalPlanQual), whose state_version no longer
-        -- matches: of two calls at one version, one moves the row.
-        WITH moved AS (
+        -- The move: the row's state, its move on this event looked up in the spec's
+        -- moves (a choice: the target asked for; otherwise the one target), then the
+        -- UPDATE of the row at the expected version and in that state, under its cap,
+        -- and the event row. A concurrent mover of this row makes the UPDATE wait, then
+        -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
+        -- state_version no longer matches: of two calls at one version, one moves the row.
+        SELECT t.state INTO v_from FROM subscriptions AS t WHERE t.id = subscription_apply.id;
+        v_move := '{"active cancel": {"s": "canceled", "t": {"canceled": "none"}}, "active pause": {"s": "paused", "t": {"paused": "none"}}, "active payment_failed": {"s": "past_due", "t": {"past_due": "none"}}, "incomplete expire": {"s": "incomplete_expired", "t": {"incomplete_expired": "none"}}, "incomplete pay": {"s": "active", "t": {"active": "none"}}, "incomplete start_trial": {"s": "trialing", "t": {"trialing": "none"}}, "past_due cancel": {"s": "canceled", "t": {"canceled": "none"}}, "past_due give_up": {"s": "unpaid", "t": {"unpaid": "none"}}, "past_due pay": {"s": "active", "t": {"active": "none"}}, "paused cancel": {"s": "canceled", "t": {"canceled": "none"}}, "paused resume": {"s": "active", "t": {"active": "none"}}, "trialing cancel": {"s": "canceled", "t": {"canceled": "none"}}, "trialing end_trial": {"s": "active", "t": {"active": "none"}}, "trialing extend_trial": {"s": "trialing", "t": {"trialing": "none"}}, "unpaid cancel": {"s": "canceled", "t": {"canceled": "none"}}, "unpaid pay": {"s": "active", "t": {"active": "none"}}}'::pg_catalog.jsonb -> (v_from || ' ' || v_event);
+        v_to := CASE WHEN v_wanted IS NULL THEN v_move ->> 's' WHEN (v_move -> 't') ? v_wanted THEN v_wanted END;
+        IF v_to IS NOT NULL THEN
             UPDATE subscriptions AS t
-            SET state = x.to_state,
+            SET state = v_to,
                 state_version = t.state_version + 1,
                 extend_trial_count = t.extend_trial_count + CASE WHEN v_event = 'extend_trial' THEN 1 ELSE 0 END,
                 entered_at = pg_catalog.now()
-            FROM (VALUES
-                ('incomplete', 'pay', 'active', 'none', true),
-                ('incomplete', 'start_trial', 'trialing', 'none', true),
-                ('incomplete', 'expire', 'incomplete_expired', 'none', true),
-                ('trialing', 'end_trial', 'active', 'none', true),
-                ('trialing', 'extend_trial', 'trialing', 'none', true),
-                ('active', 'payment_failed', 'past_due', 'none', true),
-                ('past_due', 'pay', 'active', 'none', true),
-                ('past_due', 'give_up', 'unpaid', 'none', true),
-                ('unpaid', 'pay', 'active', 'none', true),
-                ('active', 'pause', 'paused', 'none', true),
-                ('paused', 'resume', 'active', 'none', true),
-                ('trialing', 'cancel', 'canceled', 'none', true),
-                ('active', 'cancel', 'canceled', 'none', true),
-                ('past_due', 'cancel', 'canceled', 'none', true),
-                ('unpaid', 'cancel', 'canceled', 'none', true),
-                ('paused', 'cancel', 'canceled', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single)
             WHERE t.id = subscription_apply.id
-              AND t.state_version = subscription_apply.expected_version
-              AND x.from_state = t.state AND x.event = v_event
-              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-              AND (v_event <> 'extend_trial' OR t.extend_trial_count < 2)
-            RETURNING x.from_state, x.to_state
-        )
-        INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor, payload)
-        SELECT subscription_apply.id, subscription_apply.expected_version + 1, m.from_state, v_event, m.to_state,
-               subscription_apply.actor, subscription_apply.payload
-        FROM moved AS m;
-        IF FOUND THEN
-            RETURN subscription_apply.expected_version + 1;
+              AND t.state_version = subscription_apply.expected_version AND t.state = v_from
+              AND (v_event <> 'extend_trial' OR t.extend_trial_count < 2);
+            IF FOUND THEN
+                INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor, payload)
+                VALUES (subscription_apply.id, subscription_apply.expected_version + 1, v_from, v_event, v_to,
+                        subscription_apply.actor, subscription_apply.payload);
+                RETURN subscription_apply.expected_version + 1;
+            END IF;
         END IF;
 
         -- Nothing moved: find out why, in the order the contract gives.

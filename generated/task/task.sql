@@ -210,6 +210,10 @@ DECLARE
     v_state text;
     v_version bigint;
     v_targets text[];
+    v_from text;
+    v_move pg_catalog.jsonb;
+    v_to text;
+    v_lease text;
     v_retry_count integer;
 BEGIN
     IF task_apply.id IS NULL OR v_event IS NULL OR task_apply.expected_version IS NULL
@@ -218,45 +222,34 @@ BEGIN
             MESSAGE = 'task_apply: id, event, expected_version and actor must not be NULL';
     END IF;
     LOOP
-        -- The move, found and made by one statement: an UPDATE of the row at the
-        -- expected version, joined to the spec's transitions out of its state on this
-        -- event (a choice: the target asked for; otherwise the one target, under its cap),
-        -- and the event row inserted from what it returns.
-        -- A concurrent mover of this row makes it wait, then re-check the WHERE on the
-        -- row version the winner left (EvalPlanQual), whose state_version no longer
-        -- matches: of two calls at one version, one moves the row.
-        WITH moved AS (
+        -- The move: the row's state, its move on this event looked up in the spec's
+        -- moves (a choice: the target asked for; otherwise the one target), then the
+        -- UPDATE of the row at the expected version and in that state, under its cap,
+        -- and the event row. A concurrent mover of this row makes the UPDATE wait, then
+        -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
+        -- state_version no longer matches: of two calls at one version, one moves the row.
+        SELECT t.state INTO v_from FROM tasks AS t WHERE t.id = task_apply.id;
+        v_move := '{"acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}}'::pg_catalog.jsonb -> (v_from || ' ' || v_event);
+        v_to := CASE WHEN v_wanted IS NULL THEN v_move ->> 's' WHEN (v_move -> 't') ? v_wanted THEN v_wanted END;
+        IF v_to IS NOT NULL THEN
+            v_lease := (v_move -> 't') ->> v_to;
             UPDATE tasks AS t
-            SET state = x.to_state,
+            SET state = v_to,
                 state_version = t.state_version + 1,
                 retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
                 entered_at = pg_catalog.now(),
-                claimed_by = CASE x.lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-            FROM (VALUES
-                ('new', 'acquire', 'acquired', 'enter', true),
-                ('acquired', 'begin', 'working', 'stay', true),
-                ('acquired', 'expire', 'new', 'leave', true),
-                ('working', 'complete', 'done', 'leave', true),
-                ('acquired', 'fail', 'failed', 'leave', true),
-                ('working', 'fail', 'failed', 'leave', true),
-                ('failed', 'retry', 'new', 'none', true),
-                ('failed', 'give_up', 'dead', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single)
+                claimed_by = CASE v_lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+                claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             WHERE t.id = task_apply.id
-              AND t.state_version = task_apply.expected_version
-              AND x.from_state = t.state AND x.event = v_event
-              AND (x.to_state = v_wanted OR (v_wanted IS NULL AND x.single))
-              AND (v_event <> 'retry' OR t.retry_count < 5)
-            RETURNING x.from_state, x.to_state
-        )
-        INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
-        SELECT task_apply.id, task_apply.expected_version + 1, m.from_state, v_event, m.to_state,
-               task_apply.actor, task_apply.payload
-        FROM moved AS m;
-        IF FOUND THEN
-            RETURN task_apply.expected_version + 1;
+              AND t.state_version = task_apply.expected_version AND t.state = v_from
+              AND (v_event <> 'retry' OR t.retry_count < 5);
+            IF FOUND THEN
+                INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
+                VALUES (task_apply.id, task_apply.expected_version + 1, v_from, v_event, v_to,
+                        task_apply.actor, task_apply.payload);
+                RETURN task_apply.expected_version + 1;
+            END IF;
         END IF;
 
         -- Nothing moved: find out why, in the order the contract gives.
