@@ -252,10 +252,32 @@ def test_operators_before_pg_catalog_do_not_switch_the_guards_off(db: Scratch, e
 # Every format() call shape the generated functions make, for each id type.
 FORMAT_SHAPES = ["{id}", "{id}, text", "{id}, text, text", "{id}, text, text, bigint, bigint",
                  "text", "text, text", "interval"]  # fmt: skip
+# Operators an attacker creates in `public` for both operands of one type. Where
+# pg_catalog has no operator for exactly those types (`->>` of jsonb and jsonb, `<@`
+# of text[] and text[]: the built-ins take text, or anyarray), PostgreSQL takes the
+# attacker's for `x OP 'literal'`, since an untyped literal is taken for x's type.
+TRAP_OPERATORS = {"=": "boolean", "<>": "boolean", "<": "boolean", ">": "boolean", "<=": "boolean",
+                  ">=": "boolean", "?": "boolean", "<@": "boolean", "@>": "boolean", "~~": "boolean",
+                  "||": None, "+": None, "-": None, "->": "jsonb", "->>": "text"}  # fmt: skip
+TRAP_TYPES = ["text", "jsonb", "bigint", "integer", "uuid", "timestamptz", "interval", "text[]",
+              "name", "boolean"]  # fmt: skip
+
+
+def plant_trap_operators(evil: psycopg.Connection[Any]) -> None:
+    """Every TRAP_OPERATORS name for every TRAP_TYPES pair, in public, each calling
+    nextval('public.marker') (a call survives the rollback of the statement)."""
+    for i, kind in enumerate(TRAP_TYPES):
+        for j, (op, result) in enumerate(TRAP_OPERATORS.items()):
+            function = f"public.trap_{i}_{j}"
+            evil.execute(f"CREATE FUNCTION {function}(a {kind}, b {kind}) RETURNS {result or kind}"
+                         f" LANGUAGE sql AS $$ SELECT NULL::{result or kind}"
+                         " FROM (SELECT nextval('public.marker')) AS s $$".encode())  # fmt: skip
+            evil.execute(f"CREATE OPERATOR public.{op} (LEFTARG = {kind}, RIGHTARG = {kind},"
+                         f" FUNCTION = {function})".encode())  # fmt: skip
 
 
 @pytest.mark.parametrize("name", SPEC_NAMES)
-def test_a_format_overload_in_public_is_never_called(pg_dsn: str, name: str, tmp_path: Path) -> None:
+def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, name: str, tmp_path: Path) -> None:
     # The schema installed into `public` with the default search_path ("$user", public),
     # in a database that still grants CREATE on public to everyone (PostgreSQL < 15).
     machine = machine_of(name)
@@ -283,6 +305,7 @@ def test_a_format_overload_in_public_is_never_called(pg_dsn: str, name: str, tmp
             for args in dict.fromkeys(shape.format(id=id_type) for shape in FORMAT_SHAPES):
                 evil.execute(f"CREATE FUNCTION public.format(text, {args}) RETURNS text"
                              " LANGUAGE sql AS $$ SELECT 'PWNED ' || nextval('public.marker') $$")  # fmt: skip
+            plant_trap_operators(evil)
         victims = [psycopg.connect(dsn, user=owner, options=TIMEOUTS), psycopg.connect(dsn, options=TIMEOUTS)]
         n = sql_target.Names.of(machine)
         nobody: Any = {"uuid": uuid.uuid4(), "bigint": 10**12, "text": "nobody"}[id_type]
@@ -308,6 +331,24 @@ def test_a_format_overload_in_public_is_never_called(pg_dsn: str, name: str, tmp
                 if machine.lease is not None:
                     error = refused(conn, f"SELECT {n.reclaim}('0', 'x')".encode())
                     assert sqlstate_of(error) == "22023"
+                # And the calls that succeed: a move, a claim, a heartbeat, a reclaim, a purge.
+                source, event, target = next(e for e in machine.edges if e[0] == machine.initial)
+                fresh = (f"INSERT INTO {n.table} (id) VALUES (gen_random_uuid()::text) RETURNING id"
+                         if id_type == "text" else insert)  # fmt: skip
+                row_id = conn.execute(fresh.encode()).fetchone()[0]  # type: ignore[index]
+                moved = conn.execute(f"SELECT {n.apply}(%s, %s, 0, 'x', NULL, %s)".encode(),
+                                     (row_id, event, target)).fetchone()  # fmt: skip
+                assert moved == (1,)
+                other = conn.execute(fresh.encode()).fetchone()[0]  # type: ignore[index]
+                claimed = conn.execute(f"SELECT * FROM {n.claim}(%s, 'x', 1, %s)".encode(), (event, target)).fetchall()
+                assert [tuple(r) for r in claimed] == [(other, 1)]
+                if machine.lease is not None and target in machine.lease.states:
+                    beat = conn.execute(f"SELECT {n.heartbeat}(%s, 1)".encode(), (row_id,)).fetchone()
+                    assert beat == (True,)
+                if machine.lease is not None:
+                    assert conn.execute(f"SELECT * FROM {n.reclaim}('1 hour', 'x')".encode()).fetchall() == []
+                assert conn.execute(f"SELECT {n.purge}('1 hour', 10)".encode()).fetchone() == (0,)
+                conn.commit()
                 assert conn.execute("SELECT is_called FROM public.marker").fetchone() == (False,)
     finally:
         writer = None

@@ -213,8 +213,12 @@ BEGIN
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
         SELECT t.state INTO v_from FROM breakers AS t WHERE t.id = breaker_apply.id;
-        v_move := '{"closed force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "closed reset": {"s": "closed", "t": {"closed": "none"}}, "closed trip": {"s": "open", "t": {"open": "none"}}, "forced_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "half_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open trial": {"t": {"closed": "none", "open": "none"}}, "open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "open reset": {"s": "closed", "t": {"closed": "none"}}, "open wait_elapsed": {"s": "half_open", "t": {"half_open": "none"}}}'::pg_catalog.jsonb -> (v_from || ' ' || v_event);
-        v_to := CASE WHEN v_wanted IS NULL THEN v_move ->> 's' WHEN (v_move -> 't') ? v_wanted THEN v_wanted END;
+        -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
+        -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
+        -- create, in an old `public`) over the built-in.
+        v_move := '{"closed force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "closed reset": {"s": "closed", "t": {"closed": "none"}}, "closed trip": {"s": "open", "t": {"open": "none"}}, "forced_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "half_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open trial": {"t": {"closed": "none", "open": "none"}}, "open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "open reset": {"s": "closed", "t": {"closed": "none"}}, "open wait_elapsed": {"s": "half_open", "t": {"half_open": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
+        v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                     WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
             UPDATE breakers AS t
             SET state = v_to,

@@ -229,10 +229,14 @@ BEGIN
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
         SELECT t.state INTO v_from FROM jobs AS t WHERE t.id = job_apply.id;
-        v_move := '{"claimed reclaim": {"s": "queued", "t": {"queued": "leave"}}, "claimed start": {"s": "running", "t": {"running": "stay"}}, "failed abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "failed retry": {"s": "queued", "t": {"queued": "none"}}, "paused abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "paused resume": {"s": "running", "t": {"running": "enter"}}, "queued claim": {"s": "claimed", "t": {"claimed": "enter"}}, "running error": {"s": "failed", "t": {"failed": "leave"}}, "running finish": {"s": "completed", "t": {"completed": "leave"}}, "running pause": {"s": "paused", "t": {"paused": "leave"}}, "running reclaim": {"s": "queued", "t": {"queued": "leave"}}}'::pg_catalog.jsonb -> (v_from || ' ' || v_event);
-        v_to := CASE WHEN v_wanted IS NULL THEN v_move ->> 's' WHEN (v_move -> 't') ? v_wanted THEN v_wanted END;
+        -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
+        -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
+        -- create, in an old `public`) over the built-in.
+        v_move := '{"claimed reclaim": {"s": "queued", "t": {"queued": "leave"}}, "claimed start": {"s": "running", "t": {"running": "stay"}}, "failed abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "failed retry": {"s": "queued", "t": {"queued": "none"}}, "paused abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "paused resume": {"s": "running", "t": {"running": "enter"}}, "queued claim": {"s": "claimed", "t": {"claimed": "enter"}}, "running error": {"s": "failed", "t": {"failed": "leave"}}, "running finish": {"s": "completed", "t": {"completed": "leave"}}, "running pause": {"s": "paused", "t": {"paused": "leave"}}, "running reclaim": {"s": "queued", "t": {"queued": "leave"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
+        v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                     WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
-            v_lease := (v_move -> 't') ->> v_to;
+            v_lease := (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) v_to;
             UPDATE jobs AS t
             SET state = v_to,
                 state_version = t.state_version + 1,

@@ -211,8 +211,12 @@ BEGIN
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
         SELECT t.state INTO v_from FROM runners AS t WHERE t.id = runner_apply.id;
-        v_move := '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}}'::pg_catalog.jsonb -> (v_from || ' ' || v_event);
-        v_to := CASE WHEN v_wanted IS NULL THEN v_move ->> 's' WHEN (v_move -> 't') ? v_wanted THEN v_wanted END;
+        -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
+        -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
+        -- create, in an old `public`) over the built-in.
+        v_move := '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
+        v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                     WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
             UPDATE runners AS t
             SET state = v_to,

@@ -229,10 +229,14 @@ BEGIN
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
         SELECT t.state INTO v_from FROM tasks AS t WHERE t.id = task_apply.id;
-        v_move := '{"acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}}'::pg_catalog.jsonb -> (v_from || ' ' || v_event);
-        v_to := CASE WHEN v_wanted IS NULL THEN v_move ->> 's' WHEN (v_move -> 't') ? v_wanted THEN v_wanted END;
+        -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
+        -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
+        -- create, in an old `public`) over the built-in.
+        v_move := '{"acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
+        v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                     WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
-            v_lease := (v_move -> 't') ->> v_to;
+            v_lease := (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) v_to;
             UPDATE tasks AS t
             SET state = v_to,
                 state_version = t.state_version + 1,
