@@ -364,9 +364,6 @@ def function_names(machine: Machine, model: Schema | None = None) -> list[str]:
     return [*model.function_names(), unquote(Names.of(machine).writer)]
 
 
-# A state's or event's literal, made once per name (a large spec repeats each thousands of times).
-_literal = cache(sql_str)
-
 
 def _short_hash(parts: Iterable[str]) -> str:
     """8 hex digits naming a set of names (a changed set gets another name)."""
@@ -463,11 +460,7 @@ class CapContext:
 
 @dataclass(frozen=True)
 class ClaimContext:
-    # (from, event, to, change, single) of every edge: `single` (an SQL boolean) is
-    # true where the pair has one target, which a NULL to_state picks; a choice's
-    # targets need to_state.
-    edges: list[tuple[str, str, str, str, str]]
-    edge_values: str  # the rows of `edges` as SQL, one per line (rendered once, used 4 times)
+    sources: str  # the states each event leads from, a jsonb constant (`sources_jsonb`)
     claims: list[str]  # claim's claim assignments (with a lease)
     # Claimable: where a row waits for a worker (neither terminal nor under a lease;
     # the lease states have their own index, which reclaim must keep using). The same
@@ -543,6 +536,23 @@ def moves_jsonb(m: Machine) -> str:
     return sql_str(json.dumps(pairs, sort_keys=True, ensure_ascii=False)) + "::pg_catalog.jsonb"
 
 
+def sources_jsonb(m: Machine) -> str:
+    """The states each event leads from, as `_claim` looks them up, a jsonb constant:
+    under each event, `s` lists the states where it has one target (which a NULL
+    to_state picks) and `t` maps each target to the states it leads there from."""
+    events: dict[str, dict[str, object]] = {}
+    for s, e, t in m.edges:
+        entry = events.setdefault(str(e), {"s": [], "t": {}})
+        targets = entry["t"]
+        assert isinstance(targets, dict)
+        targets.setdefault(str(t), []).append(str(s))
+        if (s, e) not in m.choices:
+            single = entry["s"]
+            assert isinstance(single, list)
+            single.append(str(s))
+    return sql_str(json.dumps(events, sort_keys=True, ensure_ascii=False)) + "::pg_catalog.jsonb"
+
+
 def body_context(machine: Machine, names: Names) -> BodyContext:
     m = machine
     leased = set(facts.lease_states(m))
@@ -557,10 +567,6 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
             reclaim_claims=claim_assignments("x.lease", f"{names.reclaim}.actor", "t"),
             moves=[(s, t, c.value) for s, t, c in facts.reclaim_moves(m)],
         )
-    edges = [
-        (s, e, t, facts.lease_change(m, s, t).value, "false" if (s, e) in m.choices else "true")
-        for s, e, t in m.edges
-    ]
     return BodyContext(
         machine=str(m.name),
         n=names,
@@ -579,8 +585,7 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
         codes=Codes(),
         id_type=ID_COLUMNS[m.postgres.id_type][0],
         claiming=ClaimContext(
-            edges=edges,
-            edge_values=",\n".join(f"({', '.join(map(_literal, row[:4]))}, {row[4]})" for row in edges),
+            sources=sources_jsonb(m),
             claims=claim_assignments("x.lease", f"{names.claim}.actor", "t") if m.lease else [],
             claimable_array=sql_text_array(claimable),
             in_claimable=sql_in("t.state", claimable),

@@ -318,22 +318,11 @@ BEGIN
             DETAIL = pg_catalog.format('event=%s', v_event),
             HINT = 'the events are: trip, wait_elapsed, trial, force_open, reset';
     END IF;
-    SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
-    FROM (VALUES
-        ('closed', 'trip', 'open', 'none', true),
-        ('open', 'wait_elapsed', 'half_open', 'none', true),
-        ('half_open', 'trial', 'closed', 'none', false),
-        ('half_open', 'trial', 'open', 'none', false),
-        ('closed', 'force_open', 'forced_open', 'none', true),
-        ('open', 'force_open', 'forced_open', 'none', true),
-        ('half_open', 'force_open', 'forced_open', 'none', true),
-        ('closed', 'reset', 'closed', 'none', true),
-        ('open', 'reset', 'closed', 'none', true),
-        ('half_open', 'reset', 'closed', 'none', true),
-        ('forced_open', 'reset', 'closed', 'none', true)
-    ) AS x (from_state, event, to_state, lease, single)
-    WHERE x.event = v_event
-      AND (x.to_state = breaker_claim.to_state OR (breaker_claim.to_state IS NULL AND x.single));
+    -- The event's source states for the target asked for, or where it has one target.
+    SELECT pg_catalog.array_agg(x.state) INTO v_sources
+    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"force_open": {"s": ["closed", "open", "half_open"], "t": {"forced_open": ["closed", "open", "half_open"]}}, "reset": {"s": ["closed", "open", "half_open", "forced_open"], "t": {"closed": ["closed", "open", "half_open", "forced_open"]}}, "trial": {"s": [], "t": {"closed": ["half_open"], "open": ["half_open"]}}, "trip": {"s": ["closed"], "t": {"open": ["closed"]}}, "wait_elapsed": {"s": ["open"], "t": {"half_open": ["open"]}}}'::pg_catalog.jsonb,
+        VARIADIC CASE WHEN breaker_claim.to_state IS NULL THEN ARRAY[v_event, 's']
+                      ELSE ARRAY[v_event, 't', breaker_claim.to_state] END::pg_catalog.text[])) AS x (state);
     IF v_sources IS NULL AND breaker_claim.to_state IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('breaker_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
@@ -364,23 +353,15 @@ BEGIN
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 entered_at = pg_catalog.now()
-            FROM picked AS p
-            JOIN (VALUES
-                ('closed', 'trip', 'open', 'none', true),
-                ('open', 'wait_elapsed', 'half_open', 'none', true),
-                ('half_open', 'trial', 'closed', 'none', false),
-                ('half_open', 'trial', 'open', 'none', false),
-                ('closed', 'force_open', 'forced_open', 'none', true),
-                ('open', 'force_open', 'forced_open', 'none', true),
-                ('half_open', 'force_open', 'forced_open', 'none', true),
-                ('closed', 'reset', 'closed', 'none', true),
-                ('open', 'reset', 'closed', 'none', true),
-                ('half_open', 'reset', 'closed', 'none', true),
-                ('forced_open', 'reset', 'closed', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = breaker_claim.to_state OR (breaker_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN breaker_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) breaker_claim.to_state
+                                            THEN breaker_claim.to_state END AS to_state
+                                FROM (SELECT '{"closed force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "closed reset": {"s": "closed", "t": {"closed": "none"}}, "closed trip": {"s": "open", "t": {"open": "none"}}, "forced_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "half_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open trial": {"t": {"closed": "none", "open": "none"}}, "open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "open reset": {"s": "closed", "t": {"closed": "none"}}, "open wait_elapsed": {"s": "half_open", "t": {"half_open": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, breaker_claim.actor
@@ -403,23 +384,15 @@ BEGIN
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 entered_at = pg_catalog.now()
-            FROM picked AS p
-            JOIN (VALUES
-                ('closed', 'trip', 'open', 'none', true),
-                ('open', 'wait_elapsed', 'half_open', 'none', true),
-                ('half_open', 'trial', 'closed', 'none', false),
-                ('half_open', 'trial', 'open', 'none', false),
-                ('closed', 'force_open', 'forced_open', 'none', true),
-                ('open', 'force_open', 'forced_open', 'none', true),
-                ('half_open', 'force_open', 'forced_open', 'none', true),
-                ('closed', 'reset', 'closed', 'none', true),
-                ('open', 'reset', 'closed', 'none', true),
-                ('half_open', 'reset', 'closed', 'none', true),
-                ('forced_open', 'reset', 'closed', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = breaker_claim.to_state OR (breaker_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN breaker_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) breaker_claim.to_state
+                                            THEN breaker_claim.to_state END AS to_state
+                                FROM (SELECT '{"closed force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "closed reset": {"s": "closed", "t": {"closed": "none"}}, "closed trip": {"s": "open", "t": {"open": "none"}}, "forced_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "half_open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open trial": {"t": {"closed": "none", "open": "none"}}, "open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "open reset": {"s": "closed", "t": {"closed": "none"}}, "open wait_elapsed": {"s": "half_open", "t": {"half_open": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, breaker_claim.actor

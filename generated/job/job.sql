@@ -416,22 +416,11 @@ BEGIN
             DETAIL = pg_catalog.format('event=%s', v_event),
             HINT = 'the events are: claim, start, finish, error, pause, resume, reclaim, retry, abandon';
     END IF;
-    SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
-    FROM (VALUES
-        ('queued', 'claim', 'claimed', 'enter', true),
-        ('claimed', 'start', 'running', 'stay', true),
-        ('claimed', 'reclaim', 'queued', 'leave', true),
-        ('running', 'reclaim', 'queued', 'leave', true),
-        ('running', 'finish', 'completed', 'leave', true),
-        ('running', 'error', 'failed', 'leave', true),
-        ('running', 'pause', 'paused', 'leave', true),
-        ('paused', 'resume', 'running', 'enter', true),
-        ('paused', 'abandon', 'abandoned', 'none', true),
-        ('failed', 'retry', 'queued', 'none', true),
-        ('failed', 'abandon', 'abandoned', 'none', true)
-    ) AS x (from_state, event, to_state, lease, single)
-    WHERE x.event = v_event
-      AND (x.to_state = job_claim.to_state OR (job_claim.to_state IS NULL AND x.single));
+    -- The event's source states for the target asked for, or where it has one target.
+    SELECT pg_catalog.array_agg(x.state) INTO v_sources
+    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"abandon": {"s": ["paused", "failed"], "t": {"abandoned": ["paused", "failed"]}}, "claim": {"s": ["queued"], "t": {"claimed": ["queued"]}}, "error": {"s": ["running"], "t": {"failed": ["running"]}}, "finish": {"s": ["running"], "t": {"completed": ["running"]}}, "pause": {"s": ["running"], "t": {"paused": ["running"]}}, "reclaim": {"s": ["claimed", "running"], "t": {"queued": ["claimed", "running"]}}, "resume": {"s": ["paused"], "t": {"running": ["paused"]}}, "retry": {"s": ["failed"], "t": {"queued": ["failed"]}}, "start": {"s": ["claimed"], "t": {"running": ["claimed"]}}}'::pg_catalog.jsonb,
+        VARIADIC CASE WHEN job_claim.to_state IS NULL THEN ARRAY[v_event, 's']
+                      ELSE ARRAY[v_event, 't', job_claim.to_state] END::pg_catalog.text[])) AS x (state);
     IF v_sources IS NULL AND job_claim.to_state IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('job_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
@@ -465,23 +454,15 @@ BEGIN
                 claimed_by = CASE x.lease WHEN 'enter' THEN job_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
                 heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-            FROM picked AS p
-            JOIN (VALUES
-                ('queued', 'claim', 'claimed', 'enter', true),
-                ('claimed', 'start', 'running', 'stay', true),
-                ('claimed', 'reclaim', 'queued', 'leave', true),
-                ('running', 'reclaim', 'queued', 'leave', true),
-                ('running', 'finish', 'completed', 'leave', true),
-                ('running', 'error', 'failed', 'leave', true),
-                ('running', 'pause', 'paused', 'leave', true),
-                ('paused', 'resume', 'running', 'enter', true),
-                ('paused', 'abandon', 'abandoned', 'none', true),
-                ('failed', 'retry', 'queued', 'none', true),
-                ('failed', 'abandon', 'abandoned', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = job_claim.to_state OR (job_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN job_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) job_claim.to_state
+                                            THEN job_claim.to_state END AS to_state
+                                FROM (SELECT '{"claimed reclaim": {"s": "queued", "t": {"queued": "leave"}}, "claimed start": {"s": "running", "t": {"running": "stay"}}, "failed abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "failed retry": {"s": "queued", "t": {"queued": "none"}}, "paused abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "paused resume": {"s": "running", "t": {"running": "enter"}}, "queued claim": {"s": "claimed", "t": {"claimed": "enter"}}, "running error": {"s": "failed", "t": {"failed": "leave"}}, "running finish": {"s": "completed", "t": {"completed": "leave"}}, "running pause": {"s": "paused", "t": {"paused": "leave"}}, "running reclaim": {"s": "queued", "t": {"queued": "leave"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO job_events (job_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, job_claim.actor
@@ -507,23 +488,15 @@ BEGIN
                 claimed_by = CASE x.lease WHEN 'enter' THEN job_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
                 heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-            FROM picked AS p
-            JOIN (VALUES
-                ('queued', 'claim', 'claimed', 'enter', true),
-                ('claimed', 'start', 'running', 'stay', true),
-                ('claimed', 'reclaim', 'queued', 'leave', true),
-                ('running', 'reclaim', 'queued', 'leave', true),
-                ('running', 'finish', 'completed', 'leave', true),
-                ('running', 'error', 'failed', 'leave', true),
-                ('running', 'pause', 'paused', 'leave', true),
-                ('paused', 'resume', 'running', 'enter', true),
-                ('paused', 'abandon', 'abandoned', 'none', true),
-                ('failed', 'retry', 'queued', 'none', true),
-                ('failed', 'abandon', 'abandoned', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = job_claim.to_state OR (job_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN job_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) job_claim.to_state
+                                            THEN job_claim.to_state END AS to_state
+                                FROM (SELECT '{"claimed reclaim": {"s": "queued", "t": {"queued": "leave"}}, "claimed start": {"s": "running", "t": {"running": "stay"}}, "failed abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "failed retry": {"s": "queued", "t": {"queued": "none"}}, "paused abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "paused resume": {"s": "running", "t": {"running": "enter"}}, "queued claim": {"s": "claimed", "t": {"claimed": "enter"}}, "running error": {"s": "failed", "t": {"failed": "leave"}}, "running finish": {"s": "completed", "t": {"completed": "leave"}}, "running pause": {"s": "paused", "t": {"paused": "leave"}}, "running reclaim": {"s": "queued", "t": {"queued": "leave"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO job_events (job_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, job_claim.actor

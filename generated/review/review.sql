@@ -320,20 +320,11 @@ BEGIN
             DETAIL = pg_catalog.format('event=%s', v_event),
             HINT = 'the events are: submit, review, revise, merge, withdraw';
     END IF;
-    SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
-    FROM (VALUES
-        ('draft', 'submit', 'open', 'none', true),
-        ('open', 'review', 'approved', 'none', false),
-        ('open', 'review', 'changes_requested', 'none', false),
-        ('open', 'review', 'open', 'none', false),
-        ('changes_requested', 'revise', 'open', 'none', true),
-        ('approved', 'merge', 'merged', 'none', true),
-        ('draft', 'withdraw', 'withdrawn', 'none', true),
-        ('open', 'withdraw', 'withdrawn', 'none', true),
-        ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
-    ) AS x (from_state, event, to_state, lease, single)
-    WHERE x.event = v_event
-      AND (x.to_state = review_claim.to_state OR (review_claim.to_state IS NULL AND x.single));
+    -- The event's source states for the target asked for, or where it has one target.
+    SELECT pg_catalog.array_agg(x.state) INTO v_sources
+    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"merge": {"s": ["approved"], "t": {"merged": ["approved"]}}, "review": {"s": [], "t": {"approved": ["open"], "changes_requested": ["open"], "open": ["open"]}}, "revise": {"s": ["changes_requested"], "t": {"open": ["changes_requested"]}}, "submit": {"s": ["draft"], "t": {"open": ["draft"]}}, "withdraw": {"s": ["draft", "open", "changes_requested"], "t": {"withdrawn": ["draft", "open", "changes_requested"]}}}'::pg_catalog.jsonb,
+        VARIADIC CASE WHEN review_claim.to_state IS NULL THEN ARRAY[v_event, 's']
+                      ELSE ARRAY[v_event, 't', review_claim.to_state] END::pg_catalog.text[])) AS x (state);
     IF v_sources IS NULL AND review_claim.to_state IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('review_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
@@ -364,21 +355,15 @@ BEGIN
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 entered_at = pg_catalog.now()
-            FROM picked AS p
-            JOIN (VALUES
-                ('draft', 'submit', 'open', 'none', true),
-                ('open', 'review', 'approved', 'none', false),
-                ('open', 'review', 'changes_requested', 'none', false),
-                ('open', 'review', 'open', 'none', false),
-                ('changes_requested', 'revise', 'open', 'none', true),
-                ('approved', 'merge', 'merged', 'none', true),
-                ('draft', 'withdraw', 'withdrawn', 'none', true),
-                ('open', 'withdraw', 'withdrawn', 'none', true),
-                ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = review_claim.to_state OR (review_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN review_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) review_claim.to_state
+                                            THEN review_claim.to_state END AS to_state
+                                FROM (SELECT '{"approved merge": {"s": "merged", "t": {"merged": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "draft submit": {"s": "open", "t": {"open": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO review_events (review_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, review_claim.actor
@@ -401,21 +386,15 @@ BEGIN
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 entered_at = pg_catalog.now()
-            FROM picked AS p
-            JOIN (VALUES
-                ('draft', 'submit', 'open', 'none', true),
-                ('open', 'review', 'approved', 'none', false),
-                ('open', 'review', 'changes_requested', 'none', false),
-                ('open', 'review', 'open', 'none', false),
-                ('changes_requested', 'revise', 'open', 'none', true),
-                ('approved', 'merge', 'merged', 'none', true),
-                ('draft', 'withdraw', 'withdrawn', 'none', true),
-                ('open', 'withdraw', 'withdrawn', 'none', true),
-                ('changes_requested', 'withdraw', 'withdrawn', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = review_claim.to_state OR (review_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN review_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) review_claim.to_state
+                                            THEN review_claim.to_state END AS to_state
+                                FROM (SELECT '{"approved merge": {"s": "merged", "t": {"merged": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "draft submit": {"s": "open", "t": {"open": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO review_events (review_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, review_claim.actor

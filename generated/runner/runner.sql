@@ -314,14 +314,11 @@ BEGIN
             DETAIL = pg_catalog.format('event=%s', v_event),
             HINT = 'the events are: claim, succeed, fail';
     END IF;
-    SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
-    FROM (VALUES
-        ('queued', 'claim', 'running', 'none', true),
-        ('running', 'succeed', 'succeeded', 'none', true),
-        ('running', 'fail', 'failed', 'none', true)
-    ) AS x (from_state, event, to_state, lease, single)
-    WHERE x.event = v_event
-      AND (x.to_state = runner_claim.to_state OR (runner_claim.to_state IS NULL AND x.single));
+    -- The event's source states for the target asked for, or where it has one target.
+    SELECT pg_catalog.array_agg(x.state) INTO v_sources
+    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"claim": {"s": ["queued"], "t": {"running": ["queued"]}}, "fail": {"s": ["running"], "t": {"failed": ["running"]}}, "succeed": {"s": ["running"], "t": {"succeeded": ["running"]}}}'::pg_catalog.jsonb,
+        VARIADIC CASE WHEN runner_claim.to_state IS NULL THEN ARRAY[v_event, 's']
+                      ELSE ARRAY[v_event, 't', runner_claim.to_state] END::pg_catalog.text[])) AS x (state);
     IF v_sources IS NULL AND runner_claim.to_state IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('runner_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
@@ -352,15 +349,15 @@ BEGIN
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 entered_at = pg_catalog.now()
-            FROM picked AS p
-            JOIN (VALUES
-                ('queued', 'claim', 'running', 'none', true),
-                ('running', 'succeed', 'succeeded', 'none', true),
-                ('running', 'fail', 'failed', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = runner_claim.to_state OR (runner_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN runner_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) runner_claim.to_state
+                                            THEN runner_claim.to_state END AS to_state
+                                FROM (SELECT '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, runner_claim.actor
@@ -383,15 +380,15 @@ BEGIN
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 entered_at = pg_catalog.now()
-            FROM picked AS p
-            JOIN (VALUES
-                ('queued', 'claim', 'running', 'none', true),
-                ('running', 'succeed', 'succeeded', 'none', true),
-                ('running', 'fail', 'failed', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = runner_claim.to_state OR (runner_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN runner_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) runner_claim.to_state
+                                            THEN runner_claim.to_state END AS to_state
+                                FROM (SELECT '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, runner_claim.actor

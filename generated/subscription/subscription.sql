@@ -340,27 +340,11 @@ BEGIN
             DETAIL = pg_catalog.format('event=%s', v_event),
             HINT = 'the events are: pay, expire, start_trial, end_trial, extend_trial, payment_failed, give_up, pause, resume, cancel';
     END IF;
-    SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
-    FROM (VALUES
-        ('incomplete', 'pay', 'active', 'none', true),
-        ('incomplete', 'start_trial', 'trialing', 'none', true),
-        ('incomplete', 'expire', 'incomplete_expired', 'none', true),
-        ('trialing', 'end_trial', 'active', 'none', true),
-        ('trialing', 'extend_trial', 'trialing', 'none', true),
-        ('active', 'payment_failed', 'past_due', 'none', true),
-        ('past_due', 'pay', 'active', 'none', true),
-        ('past_due', 'give_up', 'unpaid', 'none', true),
-        ('unpaid', 'pay', 'active', 'none', true),
-        ('active', 'pause', 'paused', 'none', true),
-        ('paused', 'resume', 'active', 'none', true),
-        ('trialing', 'cancel', 'canceled', 'none', true),
-        ('active', 'cancel', 'canceled', 'none', true),
-        ('past_due', 'cancel', 'canceled', 'none', true),
-        ('unpaid', 'cancel', 'canceled', 'none', true),
-        ('paused', 'cancel', 'canceled', 'none', true)
-    ) AS x (from_state, event, to_state, lease, single)
-    WHERE x.event = v_event
-      AND (x.to_state = subscription_claim.to_state OR (subscription_claim.to_state IS NULL AND x.single));
+    -- The event's source states for the target asked for, or where it has one target.
+    SELECT pg_catalog.array_agg(x.state) INTO v_sources
+    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"cancel": {"s": ["trialing", "active", "past_due", "unpaid", "paused"], "t": {"canceled": ["trialing", "active", "past_due", "unpaid", "paused"]}}, "end_trial": {"s": ["trialing"], "t": {"active": ["trialing"]}}, "expire": {"s": ["incomplete"], "t": {"incomplete_expired": ["incomplete"]}}, "extend_trial": {"s": ["trialing"], "t": {"trialing": ["trialing"]}}, "give_up": {"s": ["past_due"], "t": {"unpaid": ["past_due"]}}, "pause": {"s": ["active"], "t": {"paused": ["active"]}}, "pay": {"s": ["incomplete", "past_due", "unpaid"], "t": {"active": ["incomplete", "past_due", "unpaid"]}}, "payment_failed": {"s": ["active"], "t": {"past_due": ["active"]}}, "resume": {"s": ["paused"], "t": {"active": ["paused"]}}, "start_trial": {"s": ["incomplete"], "t": {"trialing": ["incomplete"]}}}'::pg_catalog.jsonb,
+        VARIADIC CASE WHEN subscription_claim.to_state IS NULL THEN ARRAY[v_event, 's']
+                      ELSE ARRAY[v_event, 't', subscription_claim.to_state] END::pg_catalog.text[])) AS x (state);
     IF v_sources IS NULL AND subscription_claim.to_state IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('subscription_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
@@ -393,28 +377,15 @@ BEGIN
                 state_version = t.state_version + 1,
                 extend_trial_count = t.extend_trial_count + CASE WHEN v_event = 'extend_trial' THEN 1 ELSE 0 END,
                 entered_at = pg_catalog.now()
-            FROM picked AS p
-            JOIN (VALUES
-                ('incomplete', 'pay', 'active', 'none', true),
-                ('incomplete', 'start_trial', 'trialing', 'none', true),
-                ('incomplete', 'expire', 'incomplete_expired', 'none', true),
-                ('trialing', 'end_trial', 'active', 'none', true),
-                ('trialing', 'extend_trial', 'trialing', 'none', true),
-                ('active', 'payment_failed', 'past_due', 'none', true),
-                ('past_due', 'pay', 'active', 'none', true),
-                ('past_due', 'give_up', 'unpaid', 'none', true),
-                ('unpaid', 'pay', 'active', 'none', true),
-                ('active', 'pause', 'paused', 'none', true),
-                ('paused', 'resume', 'active', 'none', true),
-                ('trialing', 'cancel', 'canceled', 'none', true),
-                ('active', 'cancel', 'canceled', 'none', true),
-                ('past_due', 'cancel', 'canceled', 'none', true),
-                ('unpaid', 'cancel', 'canceled', 'none', true),
-                ('paused', 'cancel', 'canceled', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = subscription_claim.to_state OR (subscription_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN subscription_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) subscription_claim.to_state
+                                            THEN subscription_claim.to_state END AS to_state
+                                FROM (SELECT '{"active cancel": {"s": "canceled", "t": {"canceled": "none"}}, "active pause": {"s": "paused", "t": {"paused": "none"}}, "active payment_failed": {"s": "past_due", "t": {"past_due": "none"}}, "incomplete expire": {"s": "incomplete_expired", "t": {"incomplete_expired": "none"}}, "incomplete pay": {"s": "active", "t": {"active": "none"}}, "incomplete start_trial": {"s": "trialing", "t": {"trialing": "none"}}, "past_due cancel": {"s": "canceled", "t": {"canceled": "none"}}, "past_due give_up": {"s": "unpaid", "t": {"unpaid": "none"}}, "past_due pay": {"s": "active", "t": {"active": "none"}}, "paused cancel": {"s": "canceled", "t": {"canceled": "none"}}, "paused resume": {"s": "active", "t": {"active": "none"}}, "trialing cancel": {"s": "canceled", "t": {"canceled": "none"}}, "trialing end_trial": {"s": "active", "t": {"active": "none"}}, "trialing extend_trial": {"s": "trialing", "t": {"trialing": "none"}}, "unpaid cancel": {"s": "canceled", "t": {"canceled": "none"}}, "unpaid pay": {"s": "active", "t": {"active": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, subscription_claim.actor
@@ -439,28 +410,15 @@ BEGIN
                 state_version = t.state_version + 1,
                 extend_trial_count = t.extend_trial_count + CASE WHEN v_event = 'extend_trial' THEN 1 ELSE 0 END,
                 entered_at = pg_catalog.now()
-            FROM picked AS p
-            JOIN (VALUES
-                ('incomplete', 'pay', 'active', 'none', true),
-                ('incomplete', 'start_trial', 'trialing', 'none', true),
-                ('incomplete', 'expire', 'incomplete_expired', 'none', true),
-                ('trialing', 'end_trial', 'active', 'none', true),
-                ('trialing', 'extend_trial', 'trialing', 'none', true),
-                ('active', 'payment_failed', 'past_due', 'none', true),
-                ('past_due', 'pay', 'active', 'none', true),
-                ('past_due', 'give_up', 'unpaid', 'none', true),
-                ('unpaid', 'pay', 'active', 'none', true),
-                ('active', 'pause', 'paused', 'none', true),
-                ('paused', 'resume', 'active', 'none', true),
-                ('trialing', 'cancel', 'canceled', 'none', true),
-                ('active', 'cancel', 'canceled', 'none', true),
-                ('past_due', 'cancel', 'canceled', 'none', true),
-                ('unpaid', 'cancel', 'canceled', 'none', true),
-                ('paused', 'cancel', 'canceled', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = subscription_claim.to_state OR (subscription_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN subscription_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) subscription_claim.to_state
+                                            THEN subscription_claim.to_state END AS to_state
+                                FROM (SELECT '{"active cancel": {"s": "canceled", "t": {"canceled": "none"}}, "active pause": {"s": "paused", "t": {"paused": "none"}}, "active payment_failed": {"s": "past_due", "t": {"past_due": "none"}}, "incomplete expire": {"s": "incomplete_expired", "t": {"incomplete_expired": "none"}}, "incomplete pay": {"s": "active", "t": {"active": "none"}}, "incomplete start_trial": {"s": "trialing", "t": {"trialing": "none"}}, "past_due cancel": {"s": "canceled", "t": {"canceled": "none"}}, "past_due give_up": {"s": "unpaid", "t": {"unpaid": "none"}}, "past_due pay": {"s": "active", "t": {"active": "none"}}, "paused cancel": {"s": "canceled", "t": {"canceled": "none"}}, "paused resume": {"s": "active", "t": {"active": "none"}}, "trialing cancel": {"s": "canceled", "t": {"canceled": "none"}}, "trialing end_trial": {"s": "active", "t": {"active": "none"}}, "trialing extend_trial": {"s": "trialing", "t": {"trialing": "none"}}, "unpaid cancel": {"s": "canceled", "t": {"canceled": "none"}}, "unpaid pay": {"s": "active", "t": {"active": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, subscription_claim.actor

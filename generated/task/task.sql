@@ -423,19 +423,11 @@ BEGIN
             DETAIL = pg_catalog.format('event=%s', v_event),
             HINT = 'the events are: acquire, begin, complete, fail, retry, give_up, expire';
     END IF;
-    SELECT pg_catalog.array_agg(x.from_state) INTO v_sources
-    FROM (VALUES
-        ('new', 'acquire', 'acquired', 'enter', true),
-        ('acquired', 'begin', 'working', 'stay', true),
-        ('acquired', 'expire', 'new', 'leave', true),
-        ('working', 'complete', 'done', 'leave', true),
-        ('acquired', 'fail', 'failed', 'leave', true),
-        ('working', 'fail', 'failed', 'leave', true),
-        ('failed', 'retry', 'new', 'none', true),
-        ('failed', 'give_up', 'dead', 'none', true)
-    ) AS x (from_state, event, to_state, lease, single)
-    WHERE x.event = v_event
-      AND (x.to_state = task_claim.to_state OR (task_claim.to_state IS NULL AND x.single));
+    -- The event's source states for the target asked for, or where it has one target.
+    SELECT pg_catalog.array_agg(x.state) INTO v_sources
+    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"acquire": {"s": ["new"], "t": {"acquired": ["new"]}}, "begin": {"s": ["acquired"], "t": {"working": ["acquired"]}}, "complete": {"s": ["working"], "t": {"done": ["working"]}}, "expire": {"s": ["acquired"], "t": {"new": ["acquired"]}}, "fail": {"s": ["acquired", "working"], "t": {"failed": ["acquired", "working"]}}, "give_up": {"s": ["failed"], "t": {"dead": ["failed"]}}, "retry": {"s": ["failed"], "t": {"new": ["failed"]}}}'::pg_catalog.jsonb,
+        VARIADIC CASE WHEN task_claim.to_state IS NULL THEN ARRAY[v_event, 's']
+                      ELSE ARRAY[v_event, 't', task_claim.to_state] END::pg_catalog.text[])) AS x (state);
     IF v_sources IS NULL AND task_claim.to_state IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23F01',
             MESSAGE = pg_catalog.format('task_claim: event "%s" is a choice wherever it fires; pass to_state', v_event),
@@ -471,20 +463,15 @@ BEGIN
                 claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
                 heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-            FROM picked AS p
-            JOIN (VALUES
-                ('new', 'acquire', 'acquired', 'enter', true),
-                ('acquired', 'begin', 'working', 'stay', true),
-                ('acquired', 'expire', 'new', 'leave', true),
-                ('working', 'complete', 'done', 'leave', true),
-                ('acquired', 'fail', 'failed', 'leave', true),
-                ('working', 'fail', 'failed', 'leave', true),
-                ('failed', 'retry', 'new', 'none', true),
-                ('failed', 'give_up', 'dead', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = task_claim.to_state OR (task_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) task_claim.to_state
+                                            THEN task_claim.to_state END AS to_state
+                                FROM (SELECT '{"acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
@@ -512,20 +499,15 @@ BEGIN
                 claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
                 heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-            FROM picked AS p
-            JOIN (VALUES
-                ('new', 'acquire', 'acquired', 'enter', true),
-                ('acquired', 'begin', 'working', 'stay', true),
-                ('acquired', 'expire', 'new', 'leave', true),
-                ('working', 'complete', 'done', 'leave', true),
-                ('acquired', 'fail', 'failed', 'leave', true),
-                ('working', 'fail', 'failed', 'leave', true),
-                ('failed', 'retry', 'new', 'none', true),
-                ('failed', 'give_up', 'dead', 'none', true)
-            ) AS x (from_state, event, to_state, lease, single) ON x.from_state = p.state AND x.event = v_event
-            WHERE t.id = p.id AND t.state = p.state
-              AND (x.to_state = task_claim.to_state OR (task_claim.to_state IS NULL AND x.single))
-            RETURNING t.id, x.from_state, x.to_state, t.state_version
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) task_claim.to_state
+                                            THEN task_claim.to_state END AS to_state
+                                FROM (SELECT '{"acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
             INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
