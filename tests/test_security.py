@@ -290,6 +290,7 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, na
         admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
             sql.Identifier(database), sql.Identifier(owner)))  # fmt: skip
     dsn = make_conninfo(pg_dsn, dbname=database)
+    writer = None
     try:
         with psycopg.connect(dsn, autocommit=True) as su:
             su.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
@@ -301,6 +302,8 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, na
             assert conn.execute("SHOW search_path").fetchone() == ('"$user", public',)
             conn.execute(sql_target.emit(machine).encode())
             conn.commit()
+        with psycopg.connect(dsn, autocommit=True) as su:  # before the traps: its query uses LIKE
+            writer = writer_of(su, "public", machine)
         with psycopg.connect(dsn, user=attacker, autocommit=True) as evil:
             for args in dict.fromkeys(shape.format(id=id_type) for shape in FORMAT_SHAPES):
                 evil.execute(f"CREATE FUNCTION public.format(text, {args}) RETURNS text"
@@ -351,9 +354,9 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, na
                 conn.commit()
                 assert conn.execute("SELECT is_called FROM public.marker").fetchone() == (False,)
     finally:
-        writer = None
-        with contextlib.suppress(psycopg.OperationalError), psycopg.connect(dsn, autocommit=True) as su:
-            writer = writer_of(su, "public", machine)
+        if writer is None:  # the file may have made it and failed after
+            with contextlib.suppress(psycopg.OperationalError), psycopg.connect(dsn, autocommit=True) as su:
+                writer = writer_of(su, "public", machine)
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
                           (database,))  # fmt: skip
