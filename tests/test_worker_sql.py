@@ -172,18 +172,22 @@ def test_heartbeats_after_a_claim_stay_hot_updates(db: Scratch) -> None:
             assert got is not None
             return int(got[0]), int(got[1])
 
-        # The claim's connection reports its update when it exits, a moment after it
-        # closes: wait for that report, or the heartbeats' count would take it in.
-        deadline = time.monotonic() + 10
-        while (before := hot())[0] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        def reported(updates: int) -> tuple[int, int]:
+            """The counts once `updates` updates are in them: a connection reports its
+            own when it exits, a moment after it closes, not when it commits."""
+            deadline = time.monotonic() + 10
+            while (got := hot())[0] < updates and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return got
+
+        before = reported(1)  # the claim's
         assert before[0] == 1, before
         with db.connect() as conn:
             for _ in range(20):
                 got = conn.execute(db.q("SELECT {heartbeat}(%s, %s)"), (row_id, version)).fetchone()
                 assert got == (True,)
                 conn.commit()
-        after = hot()
+        after = reported(21)
     assert after[0] - before[0] == 20
     assert after[1] - before[1] == 20
 
