@@ -17,7 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.pg_scratch import Scratch, machine_of, path_to
+from tests.conftest import SPECS
+from tests.pg_scratch import Scratch, machine_from_text, machine_of, path_to
 
 
 def sqlstate(error: BaseException) -> str | None:
@@ -142,6 +143,44 @@ def test_claim_over_100k_mostly_terminal_rows_reads_the_claim_index(db: Scratch)
     index = db.names.claim_index
     assert re.search(rf"Index Scan (Backward )?using {re.escape(index)}\b", plans[0]), plans[0]
     assert "Seq Scan" not in plans[0], plans[0]
+
+
+def many_claimable_states(extra: int) -> str:
+    """specs/job.yaml with `extra` more states a worker may claim from (a `step` event
+    leads from queued through them and back), each with `claim` to claimed."""
+    text = (SPECS / "job.yaml").read_text(encoding="utf-8")
+    states = [f"s{i:04d}" for i in range(extra)]
+    text = text.replace("\nterminals:", "\n" + "".join(f"  {s}: waiting\n" for s in states) + "terminals:", 1)
+    text = text.replace("\nevents:\n", "\nevents:\n  step: next\n", 1)
+    moves = [f"  - {{from: {a}, event: step, to: {b}}}\n" for a, b in zip(["queued", *states], [*states, "queued"], strict=True)]
+    moves.append(f"  - {{from: [{', '.join(states)}], event: claim, to: claimed}}\n")
+    return text.replace("\ntransitions:\n", "\ntransitions:\n" + "".join(moves), 1)
+
+
+def test_a_spec_with_a_thousand_claimable_states_installs_and_claim_reads_its_index(pg_dsn: str) -> None:
+    # pg_index has no TOAST table: the claim index's predicate as a list of a thousand
+    # states made the CREATE INDEX fail ("row is too big"); past LONG_STATE_LIST it
+    # names the other states instead, and the claim query the same way.
+    machine = machine_from_text(many_claimable_states(1000))
+    assert len(machine.state_names) > 1000
+    db = Scratch.create(pg_dsn, machine)
+    try:
+        bulk_mostly_terminal(db)
+        plans = [p for p in nested_plans(db, db.q("SELECT * FROM {claim}('claim', 'w', 10)"))
+                 if "SKIP LOCKED" in p]  # fmt: skip
+        assert len(plans) == 1, plans
+        assert re.search(rf"Index Scan (Backward )?using {re.escape(db.names.claim_index)}\b", plans[0]), plans[0]
+        with db.connect() as conn:
+            claimed = conn.execute(db.q("SELECT * FROM {claim}('claim', 'w', 3)")).fetchall()
+            assert [version for _id, version in claimed] == [1, 1, 1]
+            conn.commit()
+            predicate = conn.execute(db.q(
+                "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index AS i"
+                " JOIN pg_class AS c ON c.oid = i.indexrelid WHERE c.relname = %s"),
+                (db.names.claim_index,)).fetchone()  # fmt: skip
+        assert predicate is not None and "NOT (state = ANY" in predicate[0], predicate
+    finally:
+        db.drop()
 
 
 def test_the_claim_index_is_partial_and_leaves_heartbeat_at_alone(db: Scratch) -> None:

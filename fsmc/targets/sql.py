@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 
@@ -393,6 +393,24 @@ def sql_in(expression: str, values: Iterable[str]) -> str:
     return f"{expression} IN ({', '.join(literals)})"
 
 
+# An index predicate listing more states than this is written as the complement when
+# that is shorter: PostgreSQL keeps a partial index's predicate in pg_index, which has
+# no TOAST table, so a list of a thousand states made the CREATE INDEX fail ("row is
+# too big"). Below it, every spec keeps the plain list.
+LONG_STATE_LIST = 100
+
+
+def sql_among(expression: str, states: Sequence[str], others: Sequence[str]) -> str:
+    """`expression` is one of `states`, where `others` are the rest of the spec's
+    states: `sql_in` of them, or `NOT` (`sql_in` of the others) when `states` are
+    many and the others fewer (the same rows: the state CHECK admits no other value,
+    and NOT NULL no NULL). The index and the query that must use it are written with
+    this one function, so the planner sees the same predicate in both."""
+    if len(states) > LONG_STATE_LIST and 0 < len(others) < len(states):
+        return f"NOT ({sql_in(expression, others)})"
+    return sql_in(expression, states)
+
+
 def sql_any(expression: str, values: Iterable[str]) -> str:
     """`expression = ANY ('{...}'::text[])`: one constant, looked up by hash past a few
     elements. CHECK constraints use this form: PostgreSQL rebuilds a CHECK expression
@@ -556,7 +574,10 @@ def sources_jsonb(m: Machine) -> str:
 def body_context(machine: Machine, names: Names) -> BodyContext:
     m = machine
     leased = set(facts.lease_states(m))
-    claimable = [s for s in m.state_names if s not in m.terminal_names and s not in leased]
+    states = [str(s) for s in m.state_names]
+    claimable = [s for s in states if s not in m.terminal_names and s not in leased]
+    unclaimable = [s for s in states if s not in claimable]
+    terminals = [str(s) for s in facts.terminals(m)]
     lease = None
     if m.lease is not None:
         held = facts.lease_states(m)
@@ -588,12 +609,12 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
             sources=sources_jsonb(m),
             claims=claim_assignments("x.lease", f"{names.claim}.actor", "t") if m.lease else [],
             claimable_array=sql_text_array(claimable),
-            in_claimable=sql_in("t.state", claimable),
-            index_predicate=sql_in("state", claimable),
+            in_claimable=sql_among("t.state", claimable, unclaimable),
+            index_predicate=sql_among("state", claimable, unclaimable),
         ),
         purging=PurgeContext(
-            in_terminal=sql_in("t.state", facts.terminals(m)),
-            index_predicate=sql_in("state", facts.terminals(m)),
+            in_terminal=sql_among("t.state", terminals, [s for s in states if s not in terminals]),
+            index_predicate=sql_among("state", terminals, [s for s in states if s not in terminals]),
         ),
         moves=moves_jsonb(m),
         caps=[
