@@ -176,8 +176,9 @@ def test_a_spec_with_a_thousand_claimable_states_installs_and_claim_reads_its_in
             conn.commit()
             predicate = conn.execute(db.q(
                 "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index AS i"
-                " JOIN pg_class AS c ON c.oid = i.indexrelid WHERE c.relname = %s"),
-                (db.names.claim_index,)).fetchone()  # fmt: skip
+                " JOIN pg_class AS c ON c.oid = i.indexrelid"
+                " WHERE c.relname = %s AND c.relnamespace = %s::regnamespace"),
+                (db.names.claim_index, db.schema)).fetchone()  # fmt: skip
         assert predicate is not None and "NOT (state = ANY" in predicate[0], predicate
     finally:
         db.drop()
@@ -188,7 +189,8 @@ def test_the_claim_index_is_partial_and_leaves_heartbeat_at_alone(db: Scratch) -
         row = conn.execute(db.q(
             "SELECT pg_get_indexdef(i.indexrelid), pg_get_expr(i.indpred, i.indrelid)"
             " FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
-            " WHERE c.relname = %s"), (db.names.claim_index,)).fetchone()  # fmt: skip
+            " WHERE c.relname = %s AND c.relnamespace = %s::regnamespace"),
+            (db.names.claim_index, db.schema)).fetchone()  # fmt: skip
     assert row is not None
     definition, predicate = row
     assert "(entered_at)" in definition and "heartbeat_at" not in definition
