@@ -82,7 +82,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from functools import cache
+from functools import cache, partial
 
 import jinja2
 
@@ -537,38 +537,58 @@ def as_variables(context: object) -> dict[str, object]:
     return {f.name: getattr(context, f.name) for f in fields(context)}  # type: ignore[arg-type]
 
 
+# A name as a JSON string, made once per name. The two jsonb constants below are
+# written as text, not built as dicts for json.dumps: for a spec of 20,000 transitions
+# the dicts (and the garbage collections they set off) cost a build a tenth of its time.
+_json_name = cache(partial(json.dumps, ensure_ascii=False))
+
+
 def moves_jsonb(m: Machine) -> str:
-    """The spec's moves as `_apply` looks them up, a jsonb constant: for each (state,
-    event) pair with a transition, under the key "state event", `t` maps each target
-    to its lease change and `s` names the target when there is one (a choice has none:
-    its caller must name one). A lookup is a binary search of the keys, so a move
-    costs the same in a spec of ten transitions as in one of thousands, where
-    scanning the spec's table as rows cost a call time in proportion to its size."""
-    targets: dict[str, dict[str, str]] = {}
+    """The spec's moves as `_apply` and `_claim` look them up, a jsonb constant: for
+    each (state, event) pair with a transition, under the key "state event", `s` names
+    the target when there is one (a choice has none: its caller must name one) and
+    `t` maps each target to its lease change. A lookup is a binary search of the keys,
+    so a move costs the same in a spec of ten transitions as in one of thousands,
+    where scanning the spec's table as rows cost a call time in proportion to its
+    size. Keys in the spec's order: jsonb orders them itself."""
+    held = set(facts.lease_states(m))
     single: dict[str, str] = {}
+    targets: dict[str, str] = {}  # key -> its `t` object's members, as JSON text
     for s, e, t in m.edges:
-        targets.setdefault(joined(s, e), {})[t] = facts.lease_change(m, s, t).value
-        if (s, e) not in m.choices:
-            single[joined(s, e)] = t
-    pairs = {key: {"t": to, **({"s": single[key]} if key in single else {})} for key, to in targets.items()}
-    return sql_str(json.dumps(pairs, sort_keys=True, ensure_ascii=False)) + "::pg_catalog.jsonb"
+        key = f"{s} {e}"  # joined(s, e)
+        member = f'{_json_name(t)}: "{facts.change_of(s in held, t in held).value}"'
+        if key in targets:
+            targets[key] += ", " + member
+        else:
+            targets[key] = member
+            if (s, e) not in m.choices:
+                single[key] = t
+    pairs = (
+        f"{_json_name(key)}: {{" + (f'"s": {_json_name(single[key])}, ' if key in single else "") + f'"t": {{{to}}}}}'
+        for key, to in targets.items()
+    )
+    return sql_str("{" + ", ".join(pairs) + "}") + "::pg_catalog.jsonb"
 
 
 def sources_jsonb(m: Machine) -> str:
     """The states each event leads from, as `_claim` looks them up, a jsonb constant:
     under each event, `s` lists the states where it has one target (which a NULL
     to_state picks) and `t` maps each target to the states it leads there from."""
-    events: dict[str, dict[str, object]] = {}
+    single: dict[str, str] = {}  # event -> its `s` array's elements, as JSON text
+    targets: dict[str, dict[str, str]] = {}  # event -> target -> its sources, as JSON text
     for s, e, t in m.edges:
-        entry = events.setdefault(str(e), {"s": [], "t": {}})
-        targets = entry["t"]
-        assert isinstance(targets, dict)
-        targets.setdefault(str(t), []).append(str(s))
+        source = _json_name(s)
+        by_target = targets.setdefault(e, {})
+        by_target[t] = by_target[t] + ", " + source if t in by_target else source
         if (s, e) not in m.choices:
-            single = entry["s"]
-            assert isinstance(single, list)
-            single.append(str(s))
-    return sql_str(json.dumps(events, sort_keys=True, ensure_ascii=False)) + "::pg_catalog.jsonb"
+            single[e] = single[e] + ", " + source if e in single else source
+    events = (
+        f'{_json_name(e)}: {{"s": [{single.get(e, "")}], "t": {{'
+        + ", ".join(f"{_json_name(t)}: [{sources}]" for t, sources in by_target.items())
+        + "}}"
+        for e, by_target in targets.items()
+    )
+    return sql_str("{" + ", ".join(events) + "}") + "::pg_catalog.jsonb"
 
 
 def body_context(machine: Machine, names: Names) -> BodyContext:
@@ -729,12 +749,12 @@ def spec_domains(m: Machine) -> tuple[Domain, Domain]:
     the two tables' CHECKs cast to. Each is named after a hash of its list: a spec
     with other states or triples makes another domain and so another CHECK, which
     `fsmc migrate` adds NOT VALID and validates where history allows."""
-    states = [str(s) for s in m.state_names]
-    triples = _triples(m)
+    states = sorted(str(s) for s in m.state_names)  # sorted once: both uses sort them
+    triples = sorted(_triples(m))
     return (
-        Domain(sql_ident(sql_name(str(m.name), "state", _short_hash(sorted(states)))), "text",
+        Domain(sql_ident(sql_name(str(m.name), "state", _short_hash(states))), "text",
                sql_ident(sql_name(str(m.name), "state_check")), sql_jsonb_keys(states), _DOMAINS),
-        Domain(sql_ident(sql_name(str(m.name), "transition", _short_hash(sorted(triples)))), "text",
+        Domain(sql_ident(sql_name(str(m.name), "transition", _short_hash(triples))), "text",
                sql_ident(sql_name(str(m.name), "transition_check")), sql_jsonb_keys(triples)),
     )  # fmt: skip
 

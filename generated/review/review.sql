@@ -218,7 +218,7 @@ BEGIN
         -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
         -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
         -- create, in an old `public`) over the built-in.
-        v_move := '{"approved merge": {"s": "merged", "t": {"merged": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "draft submit": {"s": "open", "t": {"open": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
+        v_move := '{"draft submit": {"s": "open", "t": {"open": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "approved merge": {"s": "merged", "t": {"merged": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
         v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                      WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
@@ -322,7 +322,7 @@ BEGIN
     END IF;
     -- The event's source states for the target asked for, or where it has one target.
     SELECT pg_catalog.array_agg(x.state) INTO v_sources
-    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"merge": {"s": ["approved"], "t": {"merged": ["approved"]}}, "review": {"s": [], "t": {"approved": ["open"], "changes_requested": ["open"], "open": ["open"]}}, "revise": {"s": ["changes_requested"], "t": {"open": ["changes_requested"]}}, "submit": {"s": ["draft"], "t": {"open": ["draft"]}}, "withdraw": {"s": ["draft", "open", "changes_requested"], "t": {"withdrawn": ["draft", "open", "changes_requested"]}}}'::pg_catalog.jsonb,
+    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"submit": {"s": ["draft"], "t": {"open": ["draft"]}}, "review": {"s": [], "t": {"approved": ["open"], "changes_requested": ["open"], "open": ["open"]}}, "revise": {"s": ["changes_requested"], "t": {"open": ["changes_requested"]}}, "merge": {"s": ["approved"], "t": {"merged": ["approved"]}}, "withdraw": {"s": ["draft", "open", "changes_requested"], "t": {"withdrawn": ["draft", "open", "changes_requested"]}}}'::pg_catalog.jsonb,
         VARIADIC CASE WHEN review_claim.to_state IS NULL THEN ARRAY[v_event, 's']
                       ELSE ARRAY[v_event, 't', review_claim.to_state] END::pg_catalog.text[])) AS x (state);
     IF v_sources IS NULL AND review_claim.to_state IS NULL THEN
@@ -361,7 +361,7 @@ BEGIN
                                        CASE WHEN review_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) review_claim.to_state
                                             THEN review_claim.to_state END AS to_state
-                                FROM (SELECT '{"approved merge": {"s": "merged", "t": {"merged": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "draft submit": {"s": "open", "t": {"open": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+                                FROM (SELECT '{"draft submit": {"s": "open", "t": {"open": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "approved merge": {"s": "merged", "t": {"merged": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
@@ -392,7 +392,7 @@ BEGIN
                                        CASE WHEN review_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) review_claim.to_state
                                             THEN review_claim.to_state END AS to_state
-                                FROM (SELECT '{"approved merge": {"s": "merged", "t": {"merged": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "draft submit": {"s": "open", "t": {"open": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+                                FROM (SELECT '{"draft submit": {"s": "open", "t": {"open": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "approved merge": {"s": "merged", "t": {"merged": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (

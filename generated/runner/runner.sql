@@ -214,7 +214,7 @@ BEGIN
         -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
         -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
         -- create, in an old `public`) over the built-in.
-        v_move := '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
+        v_move := '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
         v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                      WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
@@ -316,7 +316,7 @@ BEGIN
     END IF;
     -- The event's source states for the target asked for, or where it has one target.
     SELECT pg_catalog.array_agg(x.state) INTO v_sources
-    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"claim": {"s": ["queued"], "t": {"running": ["queued"]}}, "fail": {"s": ["running"], "t": {"failed": ["running"]}}, "succeed": {"s": ["running"], "t": {"succeeded": ["running"]}}}'::pg_catalog.jsonb,
+    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"claim": {"s": ["queued"], "t": {"running": ["queued"]}}, "succeed": {"s": ["running"], "t": {"succeeded": ["running"]}}, "fail": {"s": ["running"], "t": {"failed": ["running"]}}}'::pg_catalog.jsonb,
         VARIADIC CASE WHEN runner_claim.to_state IS NULL THEN ARRAY[v_event, 's']
                       ELSE ARRAY[v_event, 't', runner_claim.to_state] END::pg_catalog.text[])) AS x (state);
     IF v_sources IS NULL AND runner_claim.to_state IS NULL THEN
@@ -355,7 +355,7 @@ BEGIN
                                        CASE WHEN runner_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) runner_claim.to_state
                                             THEN runner_claim.to_state END AS to_state
-                                FROM (SELECT '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+                                FROM (SELECT '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
@@ -386,7 +386,7 @@ BEGIN
                                        CASE WHEN runner_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) runner_claim.to_state
                                             THEN runner_claim.to_state END AS to_state
-                                FROM (SELECT '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+                                FROM (SELECT '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (

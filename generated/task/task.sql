@@ -232,7 +232,7 @@ BEGIN
         -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
         -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
         -- create, in an old `public`) over the built-in.
-        v_move := '{"acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
+        v_move := '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
         v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                      WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
@@ -425,7 +425,7 @@ BEGIN
     END IF;
     -- The event's source states for the target asked for, or where it has one target.
     SELECT pg_catalog.array_agg(x.state) INTO v_sources
-    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"acquire": {"s": ["new"], "t": {"acquired": ["new"]}}, "begin": {"s": ["acquired"], "t": {"working": ["acquired"]}}, "complete": {"s": ["working"], "t": {"done": ["working"]}}, "expire": {"s": ["acquired"], "t": {"new": ["acquired"]}}, "fail": {"s": ["acquired", "working"], "t": {"failed": ["acquired", "working"]}}, "give_up": {"s": ["failed"], "t": {"dead": ["failed"]}}, "retry": {"s": ["failed"], "t": {"new": ["failed"]}}}'::pg_catalog.jsonb,
+    FROM pg_catalog.jsonb_array_elements_text(pg_catalog.jsonb_extract_path('{"acquire": {"s": ["new"], "t": {"acquired": ["new"]}}, "begin": {"s": ["acquired"], "t": {"working": ["acquired"]}}, "expire": {"s": ["acquired"], "t": {"new": ["acquired"]}}, "complete": {"s": ["working"], "t": {"done": ["working"]}}, "fail": {"s": ["acquired", "working"], "t": {"failed": ["acquired", "working"]}}, "retry": {"s": ["failed"], "t": {"new": ["failed"]}}, "give_up": {"s": ["failed"], "t": {"dead": ["failed"]}}}'::pg_catalog.jsonb,
         VARIADIC CASE WHEN task_claim.to_state IS NULL THEN ARRAY[v_event, 's']
                       ELSE ARRAY[v_event, 't', task_claim.to_state] END::pg_catalog.text[])) AS x (state);
     IF v_sources IS NULL AND task_claim.to_state IS NULL THEN
@@ -469,7 +469,7 @@ BEGIN
                                        CASE WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) task_claim.to_state
                                             THEN task_claim.to_state END AS to_state
-                                FROM (SELECT '{"acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+                                FROM (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
@@ -505,7 +505,7 @@ BEGIN
                                        CASE WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) task_claim.to_state
                                             THEN task_claim.to_state END AS to_state
-                                FROM (SELECT '{"acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+                                FROM (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
         ), logged AS (
