@@ -543,6 +543,11 @@ def as_variables(context: object) -> dict[str, object]:
 _json_name = cache(partial(json.dumps, ensure_ascii=False))
 
 
+# A pair's targets as a text[] literal, made once per set of targets (most pairs of
+# a large spec share their one target with others).
+_targets_array = cache(sql_text_array)
+
+
 def moves_jsonb(m: Machine) -> str:
     """The spec's moves as `_apply` and `_claim` look them up, a jsonb constant: for
     each (state, event) pair with a transition, under the key "state event", `s` names
@@ -613,7 +618,7 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
         n=names,
         initial=str(m.initial),
         by_state=[
-            (source, [(event, sql_text_array(m.targets[source, event])) for event in dict.fromkeys(e for e, _ in moves)])
+            (source, [(event, _targets_array(m.targets[source, event])) for event in dict.fromkeys(e for e, _ in moves)])
             for source, moves in facts.by_state(m)
         ],
         event_declared=sql_any("v_event", m.event_names),
