@@ -101,6 +101,9 @@ from fsmc.escape import sql_str  # noqa: E402
 from fsmc.model import Machine  # noqa: E402
 from fsmc.targets import sql as sql_target  # noqa: E402
 
+# Where every benchmark script connects unless told otherwise (`--dsn`).
+DEFAULT_DSN = os.environ.get("FSMC_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
 METHODS = ("apply", "cte", "seed")  # Python client
 PGBENCH_METHODS = ("apply", "function", "raw", "seed")
 CONNECTIONS = (1, 8)
@@ -567,6 +570,14 @@ def verdict(label: str, a: Sequence[float], b: Sequence[float], target: float | 
     return ok
 
 
+def pgbench_or_exit() -> str:
+    """pgbench's path, or exit saying where it comes from."""
+    program = shutil.which("pgbench")
+    if program is None:
+        raise SystemExit("pgbench is not on PATH (it ships with PostgreSQL's client tools)")
+    return program
+
+
 def machine_line() -> str:
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -578,8 +589,7 @@ def machine_line() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dsn", default=os.environ.get(
-        "FSMC_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))  # fmt: skip
+    parser.add_argument("--dsn", default=DEFAULT_DSN)
     parser.add_argument("--seconds", type=float, default=10.0, help="per measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true",

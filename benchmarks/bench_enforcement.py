@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -75,15 +74,12 @@ FLOOR = "unchecked function"
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dsn", default=os.environ.get(
-        "FSMC_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))  # fmt: skip
+    parser.add_argument("--dsn", default=bench_db.DEFAULT_DSN)
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=1)
     args = parser.parse_args(argv)
-    program = shutil.which("pgbench")
-    if program is None:
-        raise SystemExit("pgbench is not on PATH (it ships with PostgreSQL's client tools)")
+    program = bench_db.pgbench_or_exit()
 
     run = uuid.uuid4().hex[:8]
     schemas = {name: f"fsmc_enf_{run}_{i}" for i, name in enumerate(VARIANTS)}

@@ -61,8 +61,7 @@ def unpin(dsn: str, schema: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dsn", default=os.environ.get(
-        "FSMC_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))  # fmt: skip
+    parser.add_argument("--dsn", default=bench_db.DEFAULT_DSN)
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -70,14 +69,11 @@ def machine_of(text: str, name: str) -> Machine:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dsn", default=os.environ.get(
-        "FSMC_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))  # fmt: skip
+    parser.add_argument("--dsn", default=bench_db.DEFAULT_DSN)
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args(argv)
-    program = shutil.which("pgbench")
-    if program is None:
-        raise SystemExit("pgbench is not on PATH (it ships with PostgreSQL's client tools)")
+    program = bench_db.pgbench_or_exit()
 
     machines = {"job": bench_db.JOB, "wide": machine_of(wide_spec(), "wide.yaml")}
     sizes = {name: len(m.edges) for name, m in machines.items()}
