@@ -29,6 +29,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable
+from typing import Any
 
 # Printable ASCII without the two characters a Python "..." literal must escape.
 _PLAIN_ASCII = re.compile(r"[ !#-\[\]-~]*")
@@ -113,6 +114,22 @@ def sql_jsonb_keys(values: Iterable[str]) -> str:
     the whole. The keys are sorted: the same set is the same constant, whatever order
     the spec wrote it in (a domain holding it is named after the set)."""
     return sql_str(json.dumps(dict.fromkeys(sorted(values), 0), ensure_ascii=False)) + "::pg_catalog.jsonb"
+
+
+def sql_jsonb_paths(paths: Iterable[tuple[str, ...]]) -> str:
+    """A `jsonb` constant of nested objects holding `paths` (all of one length) and no
+    other: `[("a", "b")]` gives `'{"a": {"b": 0}}'::pg_catalog.jsonb`.
+
+    `(constant #> p) IS NOT NULL` then says whether the text[] p is one of them, a key
+    looked up at each level. Keys are sorted at every level: the same set is the same
+    constant, whatever order the spec wrote it in."""
+    tree: dict[str, Any] = {}
+    for path in sorted(paths):
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = 0
+    return sql_str(json.dumps(tree, ensure_ascii=False)) + "::pg_catalog.jsonb"
 
 
 # Every PostgreSQL keyword, of any category (`SELECT word FROM pg_get_keywords()` on

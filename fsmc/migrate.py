@@ -404,6 +404,9 @@ class MigrateContext:
     format4_domains: list[str]  # OLD's domains (CREATE DOMAIN), which format 4's CHECKs cast to
     format4_checks: list[tuple[str, str, str, bool]]  # (table, name, definition, history): the CHECKs casting to them
     format4_dropped: str  # the function format 3's triple CHECK called (its signature)
+    format5_domain: str  # OLD's moves domain (CREATE DOMAIN), which format 5's triple CHECK casts to
+    format5_check: str  # that CHECK's definition
+    format5_dropped: str  # the domain format 4's triple CHECK cast to
     writer_functions: str  # the SECURITY DEFINER functions NEW has, comma-separated
     apply_signature: str  # NEW's `_apply`, as regprocedure reads it
     digest_query: str
@@ -456,6 +459,7 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         mid_schema, functions=tuple(f for f in mid_schema.functions if f.name != names.digest)
     )
     lease_start, lease_end = facts.lease_starts_and_ends(old, new)
+    _, old_moves = sql_target.spec_domains(old)
     removed_states = facts.removed_states(old, new)
     caps = [CapChange(e, cap, sql_target.count_column(e), added) for e, cap, added in facts.tightened_caps(old, new)]
     filled = [c for c in caps if c.added]
@@ -483,6 +487,9 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
             if c.name in (Names.of(old).state_check, Names.of(old).triple_check)
         ],
         format4_dropped=sql_target.format3_transitions(old),
+        format5_domain=old_moves.create(),
+        format5_check=old_moves.check_of(Names.of(old).triple_check, sql_target.TRIPLE).definition,
+        format5_dropped=sql_target.format4_transition_domain(old),
         format3_dropped=f"{Names.of(old).apply}({sql_target.ID_COLUMNS[old.postgres.id_type][0]}, text, bigint, text, jsonb)",
         apply_signature=next(f.key for f in new_schema.functions if f.name == names.apply),
         writer_functions=", ".join(sql_target.callable_functions(new)),

@@ -1,14 +1,16 @@
 """A database an older fsmc built is migrated, not taken for current (contract 6,
 issues 11 and 13): schema format 1 (no created_at/entered_at, claim, purge,
 intervals; no `<machine>_fsmc_format()`), format 2 (an `_apply` without
-to_state; every function the owner's, EXECUTE on them PUBLIC's) and format 3 (the
-triple CHECK calling a PL/pgSQL function, the state CHECK holding a text[]).
+to_state; every function the owner's, EXECUTE on them PUBLIC's), format 3 (the
+triple CHECK calling a PL/pgSQL function, the state CHECK holding a text[]) and
+format 4 (the triple CHECK casting one joined text, the triggers comparing a name).
 
 tests/format_cases/added_state_old.format1.sql is what fsmc built for
 tests/migrate_cases/added_state/old.yaml before format 2 (the SQL template of that
 release, rendered for that spec); added_state_old.format2.sql what it built at
 format 2 (commit 9830bc5; its first lines say how it was made), and
-added_state_old.format3.sql at format 3 (commit 970ec0a, the last before format 4)."""
+added_state_old.format3.sql at format 3 (commit 970ec0a, the last before format 4),
+added_state_old.format4.sql at format 4 (commit a63c560, the last before format 5)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from tests.test_migrate import (
 FORMAT1 = ROOT / "tests" / "format_cases" / "added_state_old.format1.sql"
 FORMAT2 = ROOT / "tests" / "format_cases" / "added_state_old.format2.sql"
 FORMAT3 = ROOT / "tests" / "format_cases" / "added_state_old.format3.sql"
+FORMAT4 = ROOT / "tests" / "format_cases" / "added_state_old.format4.sql"
 
 
 def without_column_order(objects: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
@@ -214,6 +217,43 @@ def test_a_format_3_database_gets_the_domains_and_loses_its_triples_function(pg_
             assert owner.execute("SELECT job_fsmc_format()").fetchone() == (SCHEMA_FORMAT,)
             gone = owner.execute("SELECT to_regprocedure('job_transitions_51621e28(text, text, text)')")
             assert gone.fetchone() == (None,)
+        after = data(db, new)
+        assert after.events == before.events
+        assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
+        with db.connect() as app:
+            running = after.rows[rows["running"]][1]
+            assert db.apply(app, rows["running"], "pause", running, actor="app") == running + 1
+            app.commit()
+        behaves_as_contract_4_2(migrated(db, new, (old, before.versions)))
+    finally:
+        db.drop()
+
+
+def test_a_format_4_database_gets_the_moves_domain_and_the_text_when_clauses(pg_dsn: str) -> None:
+    old, new = spec("added_state"), spec("added_state", "new")
+    db = Scratch.create(pg_dsn, old, FORMAT4.read_text(encoding="utf-8"))
+    try:
+        with db.owner() as owner:
+            owner.execute(db.grants())
+            owner.commit()
+            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (4,)
+            assert owner.execute("SELECT to_regtype('job_transition_51621e28') IS NOT NULL").fetchone() == (True,)
+            when = owner.execute("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'job_check_event'")
+            assert "::name" in str(when.fetchone())
+        with db.connect() as app:
+            rows = {s: db.row_at(app, s)[0] for s in ("queued", "running", "completed")}
+        before = data(db, old)
+
+        migrate_ok(db, migrate(old, new))
+
+        with built(pg_dsn, new) as fresh:
+            got, want = catalog(db), catalog(fresh)
+        for kind in CATALOG:  # the domains, the CHECKs casting to them and the triggers included
+            assert got.objects[kind] == want.objects[kind], kind
+        assert got.not_valid == frozenset()
+        with db.owner() as owner:
+            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (SCHEMA_FORMAT,)
+            assert owner.execute("SELECT to_regtype('job_transition_51621e28')").fetchone() == (None,)
         after = data(db, new)
         assert after.events == before.events
         assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}

@@ -77,30 +77,39 @@ class Constraint:
 
 @dataclass(frozen=True)
 class Domain:
-    """A domain over a base type whose CHECK admits the keys of a jsonb constant: a
-    table's CHECK casts a value to it.
+    """A domain over a base type whose CHECK admits what a jsonb constant holds: with
+    `paths`, a text[] leading through its nested objects to a value; otherwise a text
+    that is one of its keys. A table's CHECK casts a value to it.
     PostgreSQL keeps a domain's CHECK parsed for the session, where it reads a table's
-    own CHECK back from the catalog for every statement that writes the table."""
+    own CHECK back from the catalog, and parses it, for every statement that writes
+    the table: what the table's CHECK holds is kept short."""
 
     name: str
     base: str
     constraint: str  # the CHECK's name, which an error names
-    keys: str  # a jsonb constant: VALUE must be one of its keys
+    keys: str  # a jsonb constant
     comment: tuple[str, ...] = ()
+    paths: bool = False
+
+    def test(self, value: str) -> str:
+        """The CHECK's expression for `value`: true when the domain admits it, false
+        (never NULL, which a CHECK would let pass) when it does not."""
+        if self.paths:
+            return f"({self.keys} OPERATOR(pg_catalog.#>) {value}) IS NOT NULL"
+        return f"{self.keys} OPERATOR(pg_catalog.?) {value}"
 
     def create(self) -> str:
         """CREATE DOMAIN, and USAGE taken from PUBLIC: a role that could use the domain
         in a table or view of its own (a temporary one will do) could keep `fsmc
         migrate` from dropping it. A CHECK casting to it needs no USAGE to run."""
         return (f"CREATE DOMAIN {self.name} AS {self.base}\n"
-                f"    CONSTRAINT {self.constraint} CHECK ({self.keys} OPERATOR(pg_catalog.?) VALUE);\n"
+                f"    CONSTRAINT {self.constraint} CHECK ({self.test('VALUE')});\n"
                 f"REVOKE USAGE ON DOMAIN {self.name} FROM PUBLIC;")  # fmt: skip
 
     def check_of(self, name: str, value: str) -> Constraint:
-        """A table's CHECK named `name` that `value` (an expression over its columns) is
-        one of the keys: it casts `value` to this domain, which raises where it is not."""
-        return Constraint.of_check(name, f"(({value})::{self.name}) IS NOT NULL",
-                                   admits=f"{self.keys} OPERATOR(pg_catalog.?) ({value})")  # fmt: skip
+        """A table's CHECK named `name` that the domain admits `value` (an expression
+        over its columns): it casts `value` to this domain, which raises where not."""
+        return Constraint.of_check(name, f"(({value})::{self.name}) IS NOT NULL", admits=self.test(f"({value})"))
 
 
 @dataclass(frozen=True)
@@ -229,7 +238,10 @@ class Trigger:
         when = self.when
         if self.writer is not None:
             role = "%L" if writer_role is None else sql_literal(writer_role)
-            when = f"({when}) AND CURRENT_USER <> {role}" if when else f"CURRENT_USER <> {role}"
+            # name <> text: a `name` constant is 64 bytes, all of which PostgreSQL
+            # reads back from the catalog, number by number, for every statement.
+            skip = f"CURRENT_USER OPERATOR(pg_catalog.<>) {role}::pg_catalog.text"
+            when = f"({when}) AND {skip}" if when else skip
         kind = "CONSTRAINT TRIGGER" if self.deferred else "TRIGGER"
         lines = [f"CREATE {kind} {self.name} {self.timing} {self.events} ON {self.table}"]
         if self.deferred:

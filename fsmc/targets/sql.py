@@ -88,7 +88,15 @@ import jinja2
 
 from fsmc import facts
 from fsmc.digest import machine_digest
-from fsmc.escape import sql_comment, sql_ident, sql_jsonb_keys, sql_name, sql_str, sql_text_array
+from fsmc.escape import (
+    sql_comment,
+    sql_ident,
+    sql_jsonb_keys,
+    sql_jsonb_paths,
+    sql_name,
+    sql_str,
+    sql_text_array,
+)
 from fsmc.facts import CLAIM_COLUMNS, CLAIM_RULE, Action
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
@@ -113,9 +121,11 @@ from fsmc.templating import environment, render
 # 1: before it existed (no created_at/entered_at, claim, purge, intervals); 2: with them;
 # 3: the writer role owns the moving functions, and `_apply` takes `to_state`; 4: the
 # state and triple CHECKs cast to domains holding the lists (format 3: the triples in a
-# function).
+# function); 5: the triple CHECK casts a text[] to a domain of nested moves (format 4:
+# the three columns joined into one text), and the triggers skipping the writer's
+# writes compare CURRENT_USER with a text (format 4: a name).
 # `fsmc migrate` brings a database of an older format to this one first.
-SCHEMA_FORMAT = 4
+SCHEMA_FORMAT = 5
 
 ID_COLUMNS = {
     "uuid": ("uuid", "pg_catalog.gen_random_uuid()", False),
@@ -737,7 +747,8 @@ _DOMAINS = (
     "The spec's states and its (from, event, to) triples, for the tables' CHECKs, which",
     "cast to these domains. PostgreSQL reads a table's CHECK back from the catalog for",
     "every statement that writes the table, but keeps a domain's CHECK parsed for the",
-    "session: the lists are read once, and each lookup is a search of a jsonb's keys.",
+    "session: the lists are read once, and each lookup is a search of a jsonb's keys (for",
+    "a move, one level per name).",
 )
 _APPEND_ONLY = ("SECURITY DEFINER only to read the ticket table, which the caller cannot.",)
 _GUARD_DELETE = (
@@ -750,18 +761,31 @@ _GUARD_DELETE = (
 
 
 def spec_domains(m: Machine) -> tuple[Domain, Domain]:
-    """The domains holding the spec's states and its (from, event, to) triples, which
-    the two tables' CHECKs cast to. Each is named after a hash of its list: a spec
-    with other states or triples makes another domain and so another CHECK, which
-    `fsmc migrate` adds NOT VALID and validates where history allows."""
+    """The domains holding the spec's states (keys of a jsonb) and its moves (from,
+    event, to: paths through nested objects), which the two tables' CHECKs cast to.
+    Each is named after a hash of its list: a spec with other states or moves makes
+    another domain and so another CHECK, which `fsmc migrate` adds NOT VALID and
+    validates where history allows. The log's CHECK casts `ARRAY[from_state, event,
+    to_state]`: PostgreSQL parses a table's CHECK for every statement, and that array
+    is half the text of the concatenation format 4 cast (`format4_transition_domain`)."""
     states = sorted(str(s) for s in m.state_names)  # sorted once: both uses sort them
     triples = sorted(_triples(m))
     return (
         Domain(sql_ident(sql_name(str(m.name), "state", _short_hash(states))), "text",
                sql_ident(sql_name(str(m.name), "state_check")), sql_jsonb_keys(states), _DOMAINS),
-        Domain(sql_ident(sql_name(str(m.name), "transition", _short_hash(triples))), "text",
-               sql_ident(sql_name(str(m.name), "transition_check")), sql_jsonb_keys(triples)),
+        Domain(sql_ident(sql_name(str(m.name), "moves", _short_hash(triples))), "text[]",
+               sql_ident(sql_name(str(m.name), "transition_check")), sql_jsonb_paths(m.edges), paths=True),
     )  # fmt: skip
+
+
+TRIPLE = "ARRAY[from_state, event, to_state]"  # what the log's CHECK casts to the moves domain
+
+
+def format4_transition_domain(m: Machine) -> str:
+    """The domain format 4's triple CHECK cast `from_state || ' ' || event || ' ' ||
+    to_state` to (its name): `fsmc migrate` drops it when it moves that CHECK to the
+    moves domain."""
+    return sql_ident(sql_name(str(m.name), "transition", _short_hash(sorted(_triples(m)))))
 
 
 def format3_transitions(m: Machine) -> str:
@@ -788,7 +812,6 @@ def schema(machine: Machine) -> Schema:
     id_type, id_default, identity = ID_COLUMNS[m.postgres.id_type]
     domains = spec_domains(m)
     state_domain, transition_domain = domains
-    triple = "from_state || ' ' || event || ' ' || to_state"
     claim = [Column(col, "timestamptz" if col.endswith("_at") else "text") for col in CLAIM_COLUMNS]
     table = Table(
         name=n.table,
@@ -827,7 +850,7 @@ def schema(machine: Machine) -> Schema:
         ),
         constraints=(
             Constraint(n.events_pkey, f"PRIMARY KEY ({n.id_column}, version)"),
-            transition_domain.check_of(n.triple_check, triple),
+            transition_domain.check_of(n.triple_check, TRIPLE),
         ),
         history=True,
     )

@@ -75,14 +75,15 @@ $fsmc$;
 -- The spec's states and its (from, event, to) triples, for the tables' CHECKs, which
 -- cast to these domains. PostgreSQL reads a table's CHECK back from the catalog for
 -- every statement that writes the table, but keeps a domain's CHECK parsed for the
--- session: the lists are read once, and each lookup is a search of a jsonb's keys.
+-- session: the lists are read once, and each lookup is a search of a jsonb's keys (for
+-- a move, one level per name).
 CREATE DOMAIN breaker_state_ccfdf660 AS text
     CONSTRAINT breaker_state_check CHECK ('{"closed": 0, "forced_open": 0, "half_open": 0, "open": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
 REVOKE USAGE ON DOMAIN breaker_state_ccfdf660 FROM PUBLIC;
 
-CREATE DOMAIN breaker_transition_b03a02b5 AS text
-    CONSTRAINT breaker_transition_check CHECK ('{"closed force_open forced_open": 0, "closed reset closed": 0, "closed trip open": 0, "forced_open reset closed": 0, "half_open force_open forced_open": 0, "half_open reset closed": 0, "half_open trial closed": 0, "half_open trial open": 0, "open force_open forced_open": 0, "open reset closed": 0, "open wait_elapsed half_open": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
-REVOKE USAGE ON DOMAIN breaker_transition_b03a02b5 FROM PUBLIC;
+CREATE DOMAIN breaker_moves_b03a02b5 AS text[]
+    CONSTRAINT breaker_transition_check CHECK (('{"closed": {"force_open": {"forced_open": 0}, "reset": {"closed": 0}, "trip": {"open": 0}}, "forced_open": {"reset": {"closed": 0}}, "half_open": {"force_open": {"forced_open": 0}, "reset": {"closed": 0}, "trial": {"closed": 0, "open": 0}}, "open": {"force_open": {"forced_open": 0}, "reset": {"closed": 0}, "wait_elapsed": {"half_open": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+REVOKE USAGE ON DOMAIN breaker_moves_b03a02b5 FROM PUBLIC;
 
 CREATE TABLE breakers (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
@@ -104,7 +105,7 @@ CREATE TABLE breaker_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT breaker_events_pkey PRIMARY KEY (breaker_id, version),
-    CONSTRAINT breaker_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::breaker_transition_b03a02b5) IS NOT NULL)
+    CONSTRAINT breaker_events_transition_check CHECK (((ARRAY[from_state, event, to_state])::breaker_moves_b03a02b5) IS NOT NULL)
 );
 
 -- Purge's permit to delete history, one row per purging transaction: owned by the
@@ -171,7 +172,7 @@ RETURN '902bf76b2cc09568d9b9e2473f36b95c09db16c3f50d5d7a234bf99c559f53a8';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION breaker_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 4;
+RETURN 5;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -603,7 +604,7 @@ BEGIN
     EXECUTE pg_catalog.format('SELECT %I.breaker_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
     EXECUTE pg_catalog.format($trigger$CREATE TRIGGER breaker_guard_update BEFORE UPDATE OF state, state_version ON breakers
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION breaker_guard_update();$trigger$, v_writer);
 END
 $fsmc$;
@@ -618,7 +619,7 @@ BEGIN
     EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER breaker_check_logged AFTER UPDATE OF state, state_version ON breakers
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION breaker_check_logged();$trigger$, v_writer);
 END
 $fsmc$;
@@ -631,7 +632,7 @@ BEGIN
     EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER breaker_check_event AFTER INSERT ON breaker_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION breaker_check_event();$trigger$, v_writer);
 END
 $fsmc$;

@@ -82,14 +82,15 @@ $fsmc$;
 -- The spec's states and its (from, event, to) triples, for the tables' CHECKs, which
 -- cast to these domains. PostgreSQL reads a table's CHECK back from the catalog for
 -- every statement that writes the table, but keeps a domain's CHECK parsed for the
--- session: the lists are read once, and each lookup is a search of a jsonb's keys.
+-- session: the lists are read once, and each lookup is a search of a jsonb's keys (for
+-- a move, one level per name).
 CREATE DOMAIN job_state_5f834b2e AS text
     CONSTRAINT job_state_check CHECK ('{"abandoned": 0, "claimed": 0, "completed": 0, "failed": 0, "paused": 0, "queued": 0, "running": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
 REVOKE USAGE ON DOMAIN job_state_5f834b2e FROM PUBLIC;
 
-CREATE DOMAIN job_transition_51621e28 AS text
-    CONSTRAINT job_transition_check CHECK ('{"claimed reclaim queued": 0, "claimed start running": 0, "failed abandon abandoned": 0, "failed retry queued": 0, "paused abandon abandoned": 0, "paused resume running": 0, "queued claim claimed": 0, "running error failed": 0, "running finish completed": 0, "running pause paused": 0, "running reclaim queued": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
-REVOKE USAGE ON DOMAIN job_transition_51621e28 FROM PUBLIC;
+CREATE DOMAIN job_moves_51621e28 AS text[]
+    CONSTRAINT job_transition_check CHECK (('{"claimed": {"reclaim": {"queued": 0}, "start": {"running": 0}}, "failed": {"abandon": {"abandoned": 0}, "retry": {"queued": 0}}, "paused": {"abandon": {"abandoned": 0}, "resume": {"running": 0}}, "queued": {"claim": {"claimed": 0}}, "running": {"error": {"failed": 0}, "finish": {"completed": 0}, "pause": {"paused": 0}, "reclaim": {"queued": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+REVOKE USAGE ON DOMAIN job_moves_51621e28 FROM PUBLIC;
 
 CREATE TABLE jobs (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
@@ -114,7 +115,7 @@ CREATE TABLE job_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT job_events_pkey PRIMARY KEY (job_id, version),
-    CONSTRAINT job_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::job_transition_51621e28) IS NOT NULL)
+    CONSTRAINT job_events_transition_check CHECK (((ARRAY[from_state, event, to_state])::job_moves_51621e28) IS NOT NULL)
 );
 
 -- Purge's permit to delete history, one row per purging transaction: owned by the
@@ -186,7 +187,7 @@ RETURN 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION job_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 4;
+RETURN 5;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -707,7 +708,7 @@ BEGIN
     EXECUTE pg_catalog.format('SELECT %I.job_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
     EXECUTE pg_catalog.format($trigger$CREATE TRIGGER job_guard_update BEFORE UPDATE OF state, state_version ON jobs
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION job_guard_update();$trigger$, v_writer);
 END
 $fsmc$;
@@ -722,7 +723,7 @@ BEGIN
     EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER job_check_logged AFTER UPDATE OF state, state_version ON jobs
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION job_check_logged();$trigger$, v_writer);
 END
 $fsmc$;
@@ -735,7 +736,7 @@ BEGIN
     EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER job_check_event AFTER INSERT ON job_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION job_check_event();$trigger$, v_writer);
 END
 $fsmc$;

@@ -84,14 +84,15 @@ $fsmc$;
 -- The spec's states and its (from, event, to) triples, for the tables' CHECKs, which
 -- cast to these domains. PostgreSQL reads a table's CHECK back from the catalog for
 -- every statement that writes the table, but keeps a domain's CHECK parsed for the
--- session: the lists are read once, and each lookup is a search of a jsonb's keys.
+-- session: the lists are read once, and each lookup is a search of a jsonb's keys (for
+-- a move, one level per name).
 CREATE DOMAIN subscription_state_03d2aa89 AS text
     CONSTRAINT subscription_state_check CHECK ('{"active": 0, "canceled": 0, "incomplete": 0, "incomplete_expired": 0, "past_due": 0, "paused": 0, "trialing": 0, "unpaid": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
 REVOKE USAGE ON DOMAIN subscription_state_03d2aa89 FROM PUBLIC;
 
-CREATE DOMAIN subscription_transition_ffb10a3d AS text
-    CONSTRAINT subscription_transition_check CHECK ('{"active cancel canceled": 0, "active pause paused": 0, "active payment_failed past_due": 0, "incomplete expire incomplete_expired": 0, "incomplete pay active": 0, "incomplete start_trial trialing": 0, "past_due cancel canceled": 0, "past_due give_up unpaid": 0, "past_due pay active": 0, "paused cancel canceled": 0, "paused resume active": 0, "trialing cancel canceled": 0, "trialing end_trial active": 0, "trialing extend_trial trialing": 0, "unpaid cancel canceled": 0, "unpaid pay active": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
-REVOKE USAGE ON DOMAIN subscription_transition_ffb10a3d FROM PUBLIC;
+CREATE DOMAIN subscription_moves_ffb10a3d AS text[]
+    CONSTRAINT subscription_transition_check CHECK (('{"active": {"cancel": {"canceled": 0}, "pause": {"paused": 0}, "payment_failed": {"past_due": 0}}, "incomplete": {"expire": {"incomplete_expired": 0}, "pay": {"active": 0}, "start_trial": {"trialing": 0}}, "past_due": {"cancel": {"canceled": 0}, "give_up": {"unpaid": 0}, "pay": {"active": 0}}, "paused": {"cancel": {"canceled": 0}, "resume": {"active": 0}}, "trialing": {"cancel": {"canceled": 0}, "end_trial": {"active": 0}, "extend_trial": {"trialing": 0}}, "unpaid": {"cancel": {"canceled": 0}, "pay": {"active": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+REVOKE USAGE ON DOMAIN subscription_moves_ffb10a3d FROM PUBLIC;
 
 CREATE TABLE subscriptions (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
@@ -115,7 +116,7 @@ CREATE TABLE subscription_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT subscription_events_pkey PRIMARY KEY (subscription_id, version),
-    CONSTRAINT subscription_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::subscription_transition_ffb10a3d) IS NOT NULL)
+    CONSTRAINT subscription_events_transition_check CHECK (((ARRAY[from_state, event, to_state])::subscription_moves_ffb10a3d) IS NOT NULL)
 );
 
 -- Purge's permit to delete history, one row per purging transaction: owned by the
@@ -182,7 +183,7 @@ RETURN 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION subscription_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 4;
+RETURN 5;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -678,7 +679,7 @@ BEGIN
     EXECUTE pg_catalog.format('SELECT %I.subscription_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
     EXECUTE pg_catalog.format($trigger$CREATE TRIGGER subscription_guard_update BEFORE UPDATE OF state, state_version, extend_trial_count ON subscriptions
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION subscription_guard_update();$trigger$, v_writer);
 END
 $fsmc$;
@@ -693,7 +694,7 @@ BEGIN
     EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER subscription_check_logged AFTER UPDATE OF state, state_version ON subscriptions
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION subscription_check_logged();$trigger$, v_writer);
 END
 $fsmc$;
@@ -706,7 +707,7 @@ BEGIN
     EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER subscription_check_event AFTER INSERT ON subscription_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION subscription_check_event();$trigger$, v_writer);
 END
 $fsmc$;

@@ -79,14 +79,15 @@ $fsmc$;
 -- The spec's states and its (from, event, to) triples, for the tables' CHECKs, which
 -- cast to these domains. PostgreSQL reads a table's CHECK back from the catalog for
 -- every statement that writes the table, but keeps a domain's CHECK parsed for the
--- session: the lists are read once, and each lookup is a search of a jsonb's keys.
+-- session: the lists are read once, and each lookup is a search of a jsonb's keys (for
+-- a move, one level per name).
 CREATE DOMAIN task_state_4799cada AS text
     CONSTRAINT task_state_check CHECK ('{"acquired": 0, "dead": 0, "done": 0, "failed": 0, "new": 0, "working": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
 REVOKE USAGE ON DOMAIN task_state_4799cada FROM PUBLIC;
 
-CREATE DOMAIN task_transition_b0868dc0 AS text
-    CONSTRAINT task_transition_check CHECK ('{"acquired begin working": 0, "acquired expire new": 0, "acquired fail failed": 0, "failed give_up dead": 0, "failed retry new": 0, "new acquire acquired": 0, "working complete done": 0, "working fail failed": 0}'::pg_catalog.jsonb OPERATOR(pg_catalog.?) VALUE);
-REVOKE USAGE ON DOMAIN task_transition_b0868dc0 FROM PUBLIC;
+CREATE DOMAIN task_moves_b0868dc0 AS text[]
+    CONSTRAINT task_transition_check CHECK (('{"acquired": {"begin": {"working": 0}, "expire": {"new": 0}, "fail": {"failed": 0}}, "failed": {"give_up": {"dead": 0}, "retry": {"new": 0}}, "new": {"acquire": {"acquired": 0}}, "working": {"complete": {"done": 0}, "fail": {"failed": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+REVOKE USAGE ON DOMAIN task_moves_b0868dc0 FROM PUBLIC;
 
 CREATE TABLE tasks (
     id text NOT NULL,
@@ -113,7 +114,7 @@ CREATE TABLE task_events (
     at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     payload jsonb,
     CONSTRAINT task_events_pkey PRIMARY KEY (task_id, version),
-    CONSTRAINT task_events_transition_check CHECK (((from_state || ' ' || event || ' ' || to_state)::task_transition_b0868dc0) IS NOT NULL)
+    CONSTRAINT task_events_transition_check CHECK (((ARRAY[from_state, event, to_state])::task_moves_b0868dc0) IS NOT NULL)
 );
 
 -- Purge's permit to delete history, one row per purging transaction: owned by the
@@ -185,7 +186,7 @@ RETURN '62e39537bf8f1c8467eb2d2d42d95a153440c00395e86b73993932370460177b';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION task_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 4;
+RETURN 5;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -767,7 +768,7 @@ BEGIN
     EXECUTE pg_catalog.format('SELECT %I.task_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
     EXECUTE pg_catalog.format($trigger$CREATE TRIGGER task_guard_update BEFORE UPDATE OF state, state_version, retry_count ON tasks
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION task_guard_update();$trigger$, v_writer);
 END
 $fsmc$;
@@ -782,7 +783,7 @@ BEGIN
     EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER task_check_logged AFTER UPDATE OF state, state_version ON tasks
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION task_check_logged();$trigger$, v_writer);
 END
 $fsmc$;
@@ -795,7 +796,7 @@ BEGIN
     EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER task_check_event AFTER INSERT ON task_events
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (CURRENT_USER <> %L)
+WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION task_check_event();$trigger$, v_writer);
 END
 $fsmc$;
