@@ -422,6 +422,24 @@ def test_the_event_log_admits_only_the_specs_triples(db: Scratch) -> None:
             assert sqlstate_of(error) == "23502", (column, error)
 
 
+def test_a_write_to_the_table_is_not_preceded_by_a_row_lock_but_with_caps(db: Scratch) -> None:
+    # A BEFORE UPDATE row trigger, whatever its columns and WHEN clause, makes
+    # PostgreSQL lock each row an UPDATE writes before writing it: a WAL record more
+    # for every move and every heartbeat. The guard runs AFTER, except on a machine
+    # with caps, where it must refuse a move past a cap before the count's CHECK does.
+    with db.connect() as app:
+        row_id = db.new_row(app)
+        app.commit()
+    with db.owner() as owner:
+        plan = owner.execute(db.q("EXPLAIN (ANALYZE, WAL, FORMAT JSON)"
+                                  " UPDATE {table} SET created_at = created_at WHERE id = %s"),
+                             (row_id,)).fetchone()  # fmt: skip
+        owner.rollback()
+    assert plan is not None
+    records = plan[0][0]["Plan"]["WAL Records"]
+    assert records == (2 if db.machine.cap_limits else 1), (records, plan)
+
+
 def test_the_application_cannot_use_the_domains_the_checks_cast_to(db: Scratch) -> None:
     # A table or view of its own using one would keep `fsmc migrate` from dropping it.
     with db.connect() as conn:

@@ -9,7 +9,8 @@ What the file builds, and why it is shaped so:
 - T (the machine's table): `state` is `text` with a CHECK over the declared states,
   never an ENUM (an enum value can never be dropped; a CHECK can be replaced).
   A BEFORE INSERT trigger refuses a row born anywhere but the initial state at
-  version 0. A BEFORE UPDATE trigger, which fires only for an UPDATE that sets
+  version 0. An AFTER UPDATE trigger (BEFORE for a machine with caps, so that a
+  move past a cap gets its own SQLSTATE before the count's CHECK), which fires only for an UPDATE that sets
   `state`, `state_version` or a count (`UPDATE OF`: heartbeat writes never reach it,
   so they pay nothing; one that sets them to what they were returns at once), refuses an edge the spec lacks, a move out of a terminal, and
   a version that is not the old one plus one; an undeclared state is left to the
@@ -20,8 +21,10 @@ What the file builds, and why it is shaped so:
   CHECK or WHEN clause for every statement, so a list there, even as one constant,
   was the dearest part of a write, and it grew with the spec.
 - E (the event log): every column NOT NULL but `payload`, primary key
-  (<machine>_id, version), a CHECK casting each (from, event, to) triple to the
-  domain holding the spec's, UPDATE / DELETE / TRUNCATE refused by triggers, and a deferred
+  (<machine>_id, version), a CHECK casting each (from, event, to) triple, as a
+  text[], to the domain holding the spec's moves as nested jsonb objects (the
+  shortest CHECK text found: PostgreSQL parses it for every INSERT), UPDATE /
+  DELETE / TRUNCATE refused by triggers, and a deferred
   trigger that refuses at COMMIT an event row recording a move its row did not
   make. No foreign key (its check cost `_apply` a tenth of its time): triggers on T
   refuse deleting or truncating rows that have history, but through purge. Together
@@ -45,7 +48,8 @@ What the file builds, and why it is shaped so:
 - The writer role: `_apply`, `_claim` and `_reclaim` are SECURITY DEFINER functions
   owned by a NOLOGIN role of this installation alone (`writer_prepare`,
   `writer_setup`), and the triggers on T and E skip the writes that role makes,
-  naming it as a literal in their WHEN clauses. Those writes keep to the spec by
+  naming it as a text literal in their WHEN clauses (`CURRENT_USER <> 'role'::text`:
+  a `name` constant would be 64 bytes to parse per statement). Those writes keep to the spec by
   construction; everyone else's still get every check. No application can become
   the role, and EXECUTE on these functions is granted, not PUBLIC's.
 - With `lease`: the claim bookkeeping is part of that same UPDATE; the partial index
@@ -703,6 +707,19 @@ _GUARD_UPDATE_WHEN = (
     "named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN",
     "clause for every statement, and tests a column list against the statement's SET",
     "list. What an earlier BEFORE trigger of the owner's changes in them is not seen.",
+    "It runs AFTER the row is written, so the statement fails all the same: a BEFORE",
+    "UPDATE row trigger, whatever its columns and WHEN clause, makes PostgreSQL lock",
+    "every row any UPDATE of the table writes before writing it, a WAL record more for",
+    "each move and each heartbeat.",
+)
+_GUARD_UPDATE_BEFORE = (
+    "Only an UPDATE that sets state, state_version or a count reaches the function (a",
+    "heartbeat does not), and none the writer role's functions make. The columns are",
+    "named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN",
+    "clause for every statement, and tests a column list against the statement's SET",
+    "list. What an earlier BEFORE trigger of the owner's changes in them is not seen.",
+    "It runs BEFORE the row is written, because the machine has caps: after, the count's",
+    "CHECK would refuse a move past the cap first, with 23514 instead of the cap's code.",
 )
 _CHECK_LOGGED = (
     "Checked at COMMIT, so a transaction may update the row and insert its event row in",
@@ -941,8 +958,8 @@ def schema(machine: Machine) -> Schema:
     moved = "UPDATE OF " + ", ".join(["state", "state_version", *(cap.column for cap in c.caps)])
     triggers = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
-        Trigger(n.guard_update, n.table, "BEFORE", moved, n.guard_update,
-                comment=_GUARD_UPDATE_WHEN, writer=n.writer),  # fmt: skip
+        Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
+                comment=_GUARD_UPDATE_BEFORE if c.caps else _GUARD_UPDATE_WHEN, writer=n.writer),  # fmt: skip
         Trigger(n.check_logged, n.table, "AFTER", _STATE_MOVED, n.check_logged,
                 deferred=True, comment=_CHECK_LOGGED, writer=n.writer),  # fmt: skip
         Trigger(n.check_event, n.events_table, "AFTER", "INSERT", n.check_event, deferred=True,

@@ -597,12 +597,16 @@ EXECUTE FUNCTION breaker_guard_insert();
 -- named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN
 -- clause for every statement, and tests a column list against the statement's SET
 -- list. What an earlier BEFORE trigger of the owner's changes in them is not seen.
+-- It runs AFTER the row is written, so the statement fails all the same: a BEFORE
+-- UPDATE row trigger, whatever its columns and WHEN clause, makes PostgreSQL lock
+-- every row any UPDATE of the table writes before writing it, a WAL record more for
+-- each move and each heartbeat.
 DO $fsmc$
 DECLARE
     v_writer pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('SELECT %I.breaker_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
-    EXECUTE pg_catalog.format($trigger$CREATE TRIGGER breaker_guard_update BEFORE UPDATE OF state, state_version ON breakers
+    EXECUTE pg_catalog.format($trigger$CREATE TRIGGER breaker_guard_update AFTER UPDATE OF state, state_version ON breakers
 FOR EACH ROW
 WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
 EXECUTE FUNCTION breaker_guard_update();$trigger$, v_writer);

@@ -761,6 +761,8 @@ EXECUTE FUNCTION task_guard_insert();
 -- named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN
 -- clause for every statement, and tests a column list against the statement's SET
 -- list. What an earlier BEFORE trigger of the owner's changes in them is not seen.
+-- It runs BEFORE the row is written, because the machine has caps: after, the count's
+-- CHECK would refuse a move past the cap first, with 23514 instead of the cap's code.
 DO $fsmc$
 DECLARE
     v_writer pg_catalog.text;
