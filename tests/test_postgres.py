@@ -314,6 +314,26 @@ def test_a_direct_update_along_an_edge_the_spec_lacks_fails(db: Scratch) -> None
     assert checked > 0
 
 
+def test_a_direct_update_along_an_edge_the_spec_lacks_fails_with_constraints_immediate(db: Scratch) -> None:
+    # SET CONSTRAINTS ALL IMMEDIATE (any role may) runs the commit-time check at the
+    # end of the statement too, beside the guard, in the order of their names: for a
+    # move along no edge the first to run answers (23F05, no event row, or the guard's
+    # 23F04; the README says so), and the write is refused either way.
+    checked = 0
+    with db.connect() as conn:
+        for state, target, is_edge in some_edge_and_non_edge(db):
+            if is_edge:
+                continue
+            row_id, version = db.row_at(conn, state)
+            conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            error = refused(conn, db.q("UPDATE {table} SET state = %s, state_version = state_version + 1"
+                                       " WHERE id = %s"), (target, row_id))  # fmt: skip
+            assert sqlstate_of(error) in (sqlstate.BYPASS_WRITE, sqlstate.UNLOGGED_CHANGE), (state, target, error)
+            assert db.row(conn, row_id) == (state, version)
+            checked += 1
+    assert checked > 0
+
+
 def test_a_direct_update_out_of_a_terminal_state_fails(db: Scratch) -> None:
     m = db.machine
     with db.connect() as conn:

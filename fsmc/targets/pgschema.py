@@ -95,7 +95,8 @@ class Domain:
         """The CHECK's expression for `value`: true when the domain admits it, false
         (never NULL, which a CHECK would let pass) when it does not."""
         if self.paths:
-            return f"({self.keys} OPERATOR(pg_catalog.#>) {value}) IS NOT NULL"
+            # A leaf, not an inner object a shorter path stops at.
+            return f"(({self.keys} OPERATOR(pg_catalog.#>) {value}) OPERATOR(pg_catalog.=) '0'::pg_catalog.jsonb) IS TRUE"
         return f"{self.keys} OPERATOR(pg_catalog.?) {value}"
 
     def create(self) -> str:

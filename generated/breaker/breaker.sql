@@ -82,7 +82,7 @@ CREATE DOMAIN breaker_state_ccfdf660 AS text
 REVOKE USAGE ON DOMAIN breaker_state_ccfdf660 FROM PUBLIC;
 
 CREATE DOMAIN breaker_moves_b03a02b5 AS text[]
-    CONSTRAINT breaker_transition_check CHECK (('{"closed": {"force_open": {"forced_open": 0}, "reset": {"closed": 0}, "trip": {"open": 0}}, "forced_open": {"reset": {"closed": 0}}, "half_open": {"force_open": {"forced_open": 0}, "reset": {"closed": 0}, "trial": {"closed": 0, "open": 0}}, "open": {"force_open": {"forced_open": 0}, "reset": {"closed": 0}, "wait_elapsed": {"half_open": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+    CONSTRAINT breaker_transition_check CHECK ((('{"closed": {"force_open": {"forced_open": 0}, "reset": {"closed": 0}, "trip": {"open": 0}}, "forced_open": {"reset": {"closed": 0}}, "half_open": {"force_open": {"forced_open": 0}, "reset": {"closed": 0}, "trial": {"closed": 0, "open": 0}}, "open": {"force_open": {"forced_open": 0}, "reset": {"closed": 0}, "wait_elapsed": {"half_open": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) OPERATOR(pg_catalog.=) '0'::pg_catalog.jsonb) IS TRUE);
 REVOKE USAGE ON DOMAIN breaker_moves_b03a02b5 FROM PUBLIC;
 
 CREATE TABLE breakers (

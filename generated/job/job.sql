@@ -89,7 +89,7 @@ CREATE DOMAIN job_state_5f834b2e AS text
 REVOKE USAGE ON DOMAIN job_state_5f834b2e FROM PUBLIC;
 
 CREATE DOMAIN job_moves_51621e28 AS text[]
-    CONSTRAINT job_transition_check CHECK (('{"claimed": {"reclaim": {"queued": 0}, "start": {"running": 0}}, "failed": {"abandon": {"abandoned": 0}, "retry": {"queued": 0}}, "paused": {"abandon": {"abandoned": 0}, "resume": {"running": 0}}, "queued": {"claim": {"claimed": 0}}, "running": {"error": {"failed": 0}, "finish": {"completed": 0}, "pause": {"paused": 0}, "reclaim": {"queued": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+    CONSTRAINT job_transition_check CHECK ((('{"claimed": {"reclaim": {"queued": 0}, "start": {"running": 0}}, "failed": {"abandon": {"abandoned": 0}, "retry": {"queued": 0}}, "paused": {"abandon": {"abandoned": 0}, "resume": {"running": 0}}, "queued": {"claim": {"claimed": 0}}, "running": {"error": {"failed": 0}, "finish": {"completed": 0}, "pause": {"paused": 0}, "reclaim": {"queued": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) OPERATOR(pg_catalog.=) '0'::pg_catalog.jsonb) IS TRUE);
 REVOKE USAGE ON DOMAIN job_moves_51621e28 FROM PUBLIC;
 
 CREATE TABLE jobs (

@@ -84,7 +84,7 @@ CREATE DOMAIN review_state_fd12532d AS text
 REVOKE USAGE ON DOMAIN review_state_fd12532d FROM PUBLIC;
 
 CREATE DOMAIN review_moves_db4a721d AS text[]
-    CONSTRAINT review_transition_check CHECK (('{"approved": {"merge": {"merged": 0}}, "changes_requested": {"revise": {"open": 0}, "withdraw": {"withdrawn": 0}}, "draft": {"submit": {"open": 0}, "withdraw": {"withdrawn": 0}}, "open": {"review": {"approved": 0, "changes_requested": 0, "open": 0}, "withdraw": {"withdrawn": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+    CONSTRAINT review_transition_check CHECK ((('{"approved": {"merge": {"merged": 0}}, "changes_requested": {"revise": {"open": 0}, "withdraw": {"withdrawn": 0}}, "draft": {"submit": {"open": 0}, "withdraw": {"withdrawn": 0}}, "open": {"review": {"approved": 0, "changes_requested": 0, "open": 0}, "withdraw": {"withdrawn": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) OPERATOR(pg_catalog.=) '0'::pg_catalog.jsonb) IS TRUE);
 REVOKE USAGE ON DOMAIN review_moves_db4a721d FROM PUBLIC;
 
 CREATE TABLE reviews (

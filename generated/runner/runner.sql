@@ -80,7 +80,7 @@ CREATE DOMAIN runner_state_ce806d28 AS text
 REVOKE USAGE ON DOMAIN runner_state_ce806d28 FROM PUBLIC;
 
 CREATE DOMAIN runner_moves_f9d80378 AS text[]
-    CONSTRAINT runner_transition_check CHECK (('{"queued": {"claim": {"running": 0}}, "running": {"fail": {"failed": 0}, "succeed": {"succeeded": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+    CONSTRAINT runner_transition_check CHECK ((('{"queued": {"claim": {"running": 0}}, "running": {"fail": {"failed": 0}, "succeed": {"succeeded": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) OPERATOR(pg_catalog.=) '0'::pg_catalog.jsonb) IS TRUE);
 REVOKE USAGE ON DOMAIN runner_moves_f9d80378 FROM PUBLIC;
 
 CREATE TABLE runners (

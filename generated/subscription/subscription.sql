@@ -91,7 +91,7 @@ CREATE DOMAIN subscription_state_03d2aa89 AS text
 REVOKE USAGE ON DOMAIN subscription_state_03d2aa89 FROM PUBLIC;
 
 CREATE DOMAIN subscription_moves_ffb10a3d AS text[]
-    CONSTRAINT subscription_transition_check CHECK (('{"active": {"cancel": {"canceled": 0}, "pause": {"paused": 0}, "payment_failed": {"past_due": 0}}, "incomplete": {"expire": {"incomplete_expired": 0}, "pay": {"active": 0}, "start_trial": {"trialing": 0}}, "past_due": {"cancel": {"canceled": 0}, "give_up": {"unpaid": 0}, "pay": {"active": 0}}, "paused": {"cancel": {"canceled": 0}, "resume": {"active": 0}}, "trialing": {"cancel": {"canceled": 0}, "end_trial": {"active": 0}, "extend_trial": {"trialing": 0}}, "unpaid": {"cancel": {"canceled": 0}, "pay": {"active": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+    CONSTRAINT subscription_transition_check CHECK ((('{"active": {"cancel": {"canceled": 0}, "pause": {"paused": 0}, "payment_failed": {"past_due": 0}}, "incomplete": {"expire": {"incomplete_expired": 0}, "pay": {"active": 0}, "start_trial": {"trialing": 0}}, "past_due": {"cancel": {"canceled": 0}, "give_up": {"unpaid": 0}, "pay": {"active": 0}}, "paused": {"cancel": {"canceled": 0}, "resume": {"active": 0}}, "trialing": {"cancel": {"canceled": 0}, "end_trial": {"active": 0}, "extend_trial": {"trialing": 0}}, "unpaid": {"cancel": {"canceled": 0}, "pay": {"active": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) OPERATOR(pg_catalog.=) '0'::pg_catalog.jsonb) IS TRUE);
 REVOKE USAGE ON DOMAIN subscription_moves_ffb10a3d FROM PUBLIC;
 
 CREATE TABLE subscriptions (

@@ -86,7 +86,7 @@ CREATE DOMAIN task_state_4799cada AS text
 REVOKE USAGE ON DOMAIN task_state_4799cada FROM PUBLIC;
 
 CREATE DOMAIN task_moves_b0868dc0 AS text[]
-    CONSTRAINT task_transition_check CHECK (('{"acquired": {"begin": {"working": 0}, "expire": {"new": 0}, "fail": {"failed": 0}}, "failed": {"give_up": {"dead": 0}, "retry": {"new": 0}}, "new": {"acquire": {"acquired": 0}}, "working": {"complete": {"done": 0}, "fail": {"failed": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) IS NOT NULL);
+    CONSTRAINT task_transition_check CHECK ((('{"acquired": {"begin": {"working": 0}, "expire": {"new": 0}, "fail": {"failed": 0}}, "failed": {"give_up": {"dead": 0}, "retry": {"new": 0}}, "new": {"acquire": {"acquired": 0}}, "working": {"complete": {"done": 0}, "fail": {"failed": 0}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.#>) VALUE) OPERATOR(pg_catalog.=) '0'::pg_catalog.jsonb) IS TRUE);
 REVOKE USAGE ON DOMAIN task_moves_b0868dc0 FROM PUBLIC;
 
 CREATE TABLE tasks (
