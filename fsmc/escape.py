@@ -120,8 +120,8 @@ def sql_jsonb_paths(paths: Iterable[tuple[str, ...]]) -> str:
     """A `jsonb` constant of nested objects holding `paths` (all of one length) and no
     other: `[("a", "b")]` gives `'{"a": {"b": 0}}'::pg_catalog.jsonb`.
 
-    `(constant #> p) IS NOT NULL` then says whether the text[] p is one of them, a key
-    looked up at each level. Keys are sorted at every level: the same set is the same
+    `(constant #> p) = '0'` then says whether the text[] p is one of them (a leaf,
+    not an inner object a shorter path stops at), a key looked up at each level. Keys are sorted at every level: the same set is the same
     constant, whatever order the spec wrote it in."""
     tree: dict[str, Any] = {}
     for path in sorted(paths):

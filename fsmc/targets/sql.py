@@ -701,23 +701,22 @@ _GUARD_UPDATE = (
     "WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for",
     "the session, and the spec's lists are the costly part.",
 )
-_GUARD_UPDATE_WHEN = (
+_GUARD_UPDATE_COLUMNS = (
     "Only an UPDATE that sets state, state_version or a count reaches the function (a",
     "heartbeat does not), and none the writer role's functions make. The columns are",
     "named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN",
     "clause for every statement, and tests a column list against the statement's SET",
     "list. What an earlier BEFORE trigger of the owner's changes in them is not seen.",
+)
+_GUARD_UPDATE_AFTER = (
+    *_GUARD_UPDATE_COLUMNS,
     "It runs AFTER the row is written, so the statement fails all the same: a BEFORE",
     "UPDATE row trigger, whatever its columns and WHEN clause, makes PostgreSQL lock",
     "every row any UPDATE of the table writes before writing it, a WAL record more for",
     "each move and each heartbeat.",
 )
 _GUARD_UPDATE_BEFORE = (
-    "Only an UPDATE that sets state, state_version or a count reaches the function (a",
-    "heartbeat does not), and none the writer role's functions make. The columns are",
-    "named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN",
-    "clause for every statement, and tests a column list against the statement's SET",
-    "list. What an earlier BEFORE trigger of the owner's changes in them is not seen.",
+    *_GUARD_UPDATE_COLUMNS,
     "It runs BEFORE the row is written, because the machine has caps: after, the count's",
     "CHECK would refuse a move past the cap first, with 23514 instead of the cap's code.",
 )
@@ -959,7 +958,7 @@ def schema(machine: Machine) -> Schema:
     triggers = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
         Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
-                comment=_GUARD_UPDATE_BEFORE if c.caps else _GUARD_UPDATE_WHEN, writer=n.writer),  # fmt: skip
+                comment=_GUARD_UPDATE_BEFORE if c.caps else _GUARD_UPDATE_AFTER, writer=n.writer),  # fmt: skip
         Trigger(n.check_logged, n.table, "AFTER", _STATE_MOVED, n.check_logged,
                 deferred=True, comment=_CHECK_LOGGED, writer=n.writer),  # fmt: skip
         Trigger(n.check_event, n.events_table, "AFTER", "INSERT", n.check_event, deferred=True,
