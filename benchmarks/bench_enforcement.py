@@ -57,7 +57,7 @@ APPLY = f"{N.apply}(uuid, text, bigint, text, jsonb, text)"
 STATE_CHECK = [f"ALTER TABLE {N.table} DROP CONSTRAINT {N.state_check}"]
 TRIPLE_CHECK = [f"ALTER TABLE {N.events_table} DROP CONSTRAINT {N.triple_check}"]
 GUARD = [f"DROP TRIGGER {N.guard_update} ON {N.table}"]
-COMMIT_CHECKS = [f"DROP TRIGGER {N.check_logged} ON {N.table}",
+COMMIT_CHECKS = [f"DROP TRIGGER {N.logged_check} ON {N.table}",
                  f"DROP TRIGGER {N.check_event} ON {N.events_table}"]  # fmt: skip
 SETTINGS = [f"ALTER FUNCTION {APPLY} RESET ALL"]
 VARIANTS = {

@@ -159,6 +159,7 @@ class Names:
     guard_insert: str
     guard_update: str
     check_logged: str
+    logged_check: str  # check_logged's trigger: named to fire after guard_update's (below)
     append_only: str
     append_only_truncate: str
     check_event: str
@@ -200,6 +201,7 @@ class Names:
             guard_insert=fn("guard_insert"),
             guard_update=fn("guard_update"),
             check_logged=fn("check_logged"),
+            logged_check=fn("logged_check"),
             append_only=fn("events_append_only"),
             append_only_truncate=fn("events_append_only_truncate"),
             check_event=fn("check_event"),
@@ -722,7 +724,10 @@ _GUARD_UPDATE_BEFORE = (
 )
 _CHECK_LOGGED = (
     "Checked at COMMIT, so a transaction may update the row and insert its event row in",
-    "either order, in separate statements.",
+    "either order, in separate statements. Under SET CONSTRAINTS ALL IMMEDIATE it runs",
+    "at the end of each statement, beside the guard, and PostgreSQL runs triggers in the",
+    "order of their names: this one's sorts after the guard's, so a move along no edge",
+    "is answered by the guard (23F04), not by this check's missing event row (23F05).",
 )
 _STATE_MOVED = "UPDATE OF state, state_version"
 _SEQSCAN_OFF = (("enable_seqscan", "off"),)
@@ -959,7 +964,7 @@ def schema(machine: Machine) -> Schema:
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
         Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
                 comment=_GUARD_UPDATE_BEFORE if c.caps else _GUARD_UPDATE_AFTER, writer=n.writer),  # fmt: skip
-        Trigger(n.check_logged, n.table, "AFTER", _STATE_MOVED, n.check_logged,
+        Trigger(n.logged_check, n.table, "AFTER", _STATE_MOVED, n.check_logged,
                 deferred=True, comment=_CHECK_LOGGED, writer=n.writer),  # fmt: skip
         Trigger(n.check_event, n.events_table, "AFTER", "INSERT", n.check_event, deferred=True,
                 writer=n.writer),  # fmt: skip

@@ -776,13 +776,16 @@ END
 $fsmc$;
 
 -- Checked at COMMIT, so a transaction may update the row and insert its event row in
--- either order, in separate statements.
+-- either order, in separate statements. Under SET CONSTRAINTS ALL IMMEDIATE it runs
+-- at the end of each statement, beside the guard, and PostgreSQL runs triggers in the
+-- order of their names: this one's sorts after the guard's, so a move along no edge
+-- is answered by the guard (23F04), not by this check's missing event row (23F05).
 DO $fsmc$
 DECLARE
     v_writer pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('SELECT %I.task_fsmc_writer()', pg_catalog.current_schema()) INTO v_writer;
-    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER task_check_logged AFTER UPDATE OF state, state_version ON tasks
+    EXECUTE pg_catalog.format($trigger$CREATE CONSTRAINT TRIGGER task_logged_check AFTER UPDATE OF state, state_version ON tasks
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
 WHEN (CURRENT_USER OPERATOR(pg_catalog.<>) %L::pg_catalog.text)
