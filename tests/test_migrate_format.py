@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 
 from fsmc.migrate import migrate
+from fsmc.model import Machine
 from fsmc.targets.sql import SCHEMA_FORMAT, Names
 from tests.conftest import ROOT
 from tests.pg_scratch import Scratch
@@ -192,6 +193,35 @@ def test_migrating_a_format_2_database_without_its_writer_role_refuses_saying_wh
         db.drop()
 
 
+def migrates_to_a_fresh_build(pg_dsn: str, db: Scratch, old: Machine, new: Machine, gone: str) -> None:
+    """Migrate `db` (built by an older format from `old`) to `new`: its catalog is then
+    a fresh build's (domains, the CHECKs casting to them and the triggers included),
+    nothing NOT VALID, the current format, `gone` (a query) answers NULL, every row
+    and event is kept, a move works, and the schema behaves as contract 4.2 says."""
+    with db.connect() as app:
+        rows = {s: db.row_at(app, s)[0] for s in ("queued", "running", "completed")}
+    before = data(db, old)
+
+    migrate_ok(db, migrate(old, new))
+
+    with built(pg_dsn, new) as fresh:
+        got, want = catalog(db), catalog(fresh)
+    for kind in CATALOG:
+        assert got.objects[kind] == want.objects[kind], kind
+    assert got.not_valid == frozenset()
+    with db.owner() as owner:
+        assert owner.execute("SELECT job_fsmc_format()").fetchone() == (SCHEMA_FORMAT,)
+        assert owner.execute(gone.encode()).fetchone() == (None,)
+    after = data(db, new)
+    assert after.events == before.events
+    assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
+    with db.connect() as app:
+        running = after.rows[rows["running"]][1]
+        assert db.apply(app, rows["running"], "pause", running, actor="app") == running + 1
+        app.commit()
+    behaves_as_contract_4_2(migrated(db, new, (old, before.versions)))
+
+
 def test_a_format_3_database_gets_the_domains_and_loses_its_triples_function(pg_dsn: str) -> None:
     old, new = spec("added_state"), spec("added_state", "new")
     db = Scratch.create(pg_dsn, old, FORMAT3.read_text(encoding="utf-8"))
@@ -202,29 +232,8 @@ def test_a_format_3_database_gets_the_domains_and_loses_its_triples_function(pg_
             assert owner.execute("SELECT job_fsmc_format()").fetchone() == (3,)
             assert owner.execute("SELECT to_regprocedure('job_transitions_51621e28(text, text, text)')"
                                  " IS NOT NULL").fetchone() == (True,)  # fmt: skip
-        with db.connect() as app:
-            rows = {s: db.row_at(app, s)[0] for s in ("queued", "running", "completed")}
-        before = data(db, old)
-
-        migrate_ok(db, migrate(old, new))
-
-        with built(pg_dsn, new) as fresh:
-            got, want = catalog(db), catalog(fresh)
-        for kind in CATALOG:  # the domains and the CHECKs casting to them included
-            assert got.objects[kind] == want.objects[kind], kind
-        assert got.not_valid == frozenset()
-        with db.owner() as owner:
-            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (SCHEMA_FORMAT,)
-            gone = owner.execute("SELECT to_regprocedure('job_transitions_51621e28(text, text, text)')")
-            assert gone.fetchone() == (None,)
-        after = data(db, new)
-        assert after.events == before.events
-        assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
-        with db.connect() as app:
-            running = after.rows[rows["running"]][1]
-            assert db.apply(app, rows["running"], "pause", running, actor="app") == running + 1
-            app.commit()
-        behaves_as_contract_4_2(migrated(db, new, (old, before.versions)))
+        migrates_to_a_fresh_build(pg_dsn, db, old, new,
+                                  "SELECT to_regprocedure('job_transitions_51621e28(text, text, text)')")  # fmt: skip
     finally:
         db.drop()
 
@@ -241,27 +250,6 @@ def test_a_format_4_database_gets_the_moves_domain_and_the_text_when_clauses(pg_
             when = owner.execute("SELECT pg_get_triggerdef(oid) FROM pg_trigger"
                                  " WHERE tgrelid = 'job_events'::regclass AND tgname = 'job_check_event'")  # fmt: skip
             assert "::name" in str(when.fetchone())  # format 4's WHEN clause compares a name
-        with db.connect() as app:
-            rows = {s: db.row_at(app, s)[0] for s in ("queued", "running", "completed")}
-        before = data(db, old)
-
-        migrate_ok(db, migrate(old, new))
-
-        with built(pg_dsn, new) as fresh:
-            got, want = catalog(db), catalog(fresh)
-        for kind in CATALOG:  # the domains, the CHECKs casting to them and the triggers included
-            assert got.objects[kind] == want.objects[kind], kind
-        assert got.not_valid == frozenset()
-        with db.owner() as owner:
-            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (SCHEMA_FORMAT,)
-            assert owner.execute("SELECT to_regtype('job_transition_51621e28')").fetchone() == (None,)
-        after = data(db, new)
-        assert after.events == before.events
-        assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
-        with db.connect() as app:
-            running = after.rows[rows["running"]][1]
-            assert db.apply(app, rows["running"], "pause", running, actor="app") == running + 1
-            app.commit()
-        behaves_as_contract_4_2(migrated(db, new, (old, before.versions)))
+        migrates_to_a_fresh_build(pg_dsn, db, old, new, "SELECT to_regtype('job_transition_51621e28')")
     finally:
         db.drop()
