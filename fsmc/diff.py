@@ -9,9 +9,14 @@ events and terminals added or removed, the initial state, and the transition tab
 as (from, event) -> its targets, wildcards expanded. Transitions are compared as
 that table, so splitting a `from` list, writing it as `"*"`, reordering the YAML or
 re-quoting a name is no change; a (from, event) pair present in both with another
-single `to` is one retargeting, not a removal plus an addition, and one whose
-targets changed where either side is a choice is one `Choice` change. A pair only
-one side has is added or removed once per target. Descriptions are listed apart in `descriptions` and are never changes:
+single `to` is one retargeting, not a removal plus an addition. Every other
+(from, event, to) triple one side's expanded table has and the other's lacks is
+an added or removed transition, one per target: a pair only one side has, and each
+target a choice gains or loses (`in_review --decide--> rejected` is added when
+`to: approved` becomes `to: [approved, rejected]`, so a reviewer who reads only
+the transitions sees the new edge). A pair whose targets changed where either side
+is a choice is also one `Choice` change, which says what callers must now do.
+Descriptions are listed apart in `descriptions` and are never changes:
 they alter no behaviour. The lease and postgres options are compared too, as
 `options` (`fsmc migrate` acts on them, so a diff that called such a pair "the
 same" would hide a schema change): each option by its effective value, defaults
@@ -30,7 +35,7 @@ is what makes `fsmc diff` exit 0, as diff(1) does for equal files.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -237,8 +242,8 @@ def compare(old: Machine, new: Machine) -> Changes:
         initial=(
             Initial(str(old.initial), str(new.initial)) if old.initial != new.initial else None
         ),
-        added=tuple(Edge(s, e, t, False) for s, e, t in new.edges if (s, e) not in old_table),
-        removed=tuple(Edge(s, e, t, True) for s, e, t in old.edges if (s, e) not in new_table),
+        added=tuple(Edge(s, e, t, False) for s, e, t in _gained(new.edges, old_table, new_table)),
+        removed=tuple(Edge(s, e, t, True) for s, e, t in _gained(old.edges, new_table, old_table)),
         retargeted=tuple(
             Retarget(s, e, old_table[s, e][0], targets[0])
             for (s, e), targets in new_table.items()
@@ -248,6 +253,22 @@ def compare(old: Machine, new: Machine) -> Changes:
         options=_options(old, new),
         descriptions=_descriptions(old, new),
     )
+
+
+def _gained(
+    edges: tuple[tuple[str, str, str], ...],
+    other: dict[tuple[str, str], tuple[str, ...]],
+    table: dict[tuple[str, str], tuple[str, ...]],
+) -> Iterator[tuple[str, str, str]]:
+    """The (from, event, to) triples of `edges` (one side's expanded table) that the
+    `other` side lacks: every target of a pair it does not have, and each target a
+    choice gained. A single target replaced by another single target is a
+    `Retarget`, not an edge removed and one added."""
+    for s, e, t in edges:
+        before = other.get((s, e), ())
+        if t in before or len(before) == 1 == len(table[s, e]):
+            continue
+        yield s, e, t
 
 
 def _choices(

@@ -243,13 +243,13 @@ def diagram(changes: Changes) -> str:
     """
     c, new = changes, changes.new
     removed_states = [n.name for n in c.states.removed]
-    added = {(e.source, e.event) for e in c.added}
+    added = {(e.source, e.event, e.target) for e in c.added}
     was = {(r.source, r.event): r.old_target for r in c.retargeted}
     chose = {(ch.source, ch.event): ", ".join(ch.old_targets) for ch in c.choices}
     labelled: list[tuple[str, str, str]] = []
     for s, e, t in new.edges:
         label = e
-        if (s, e) in added:
+        if (s, e, t) in added:  # a new pair's target, or one a choice gained
             label = f"{e} (added)"
         elif (s, e) in was:
             label = f"{e} (retargeted, was {was[s, e]})"

@@ -53,7 +53,9 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     "added_lease": (1, False, {"options"}),
     # Language 1.1: `"*"` for a from list, a `to` list of one, 3.0 for 3: no change.
     "wildcard_rewrite": (0, False, set()),
-    "choices_and_caps": (1, True, {"choices", "options"}),
+    "choices_and_caps": (1, True, {"choices", "options", "transitions+"}),
+    # Issue 23: `to: approved` becoming `to: [approved, rejected]` adds an edge.
+    "became_a_choice": (1, True, {"choices", "transitions+"}),
     "mermaid_keywords": (
         1,
         True,
@@ -367,12 +369,12 @@ def test_the_markdown_diagram_parses_in_real_mermaid_and_draws_the_changes() -> 
         c = changes_of(case)
         removed_states = [n.name for n in c.states.removed]
         assert sorted(result.state_labels) == sorted([*c.new.states, *removed_states]), case
-        added = {(e.source, e.event) for e in c.added}
+        added = {(e.source, e.event, e.target) for e in c.added}
         was = {(r.source, r.event): r.old_target for r in c.retargeted}
         chose = {(x.source, x.event): ", ".join(x.old_targets) for x in c.choices}
         expected = {("[*]", c.new.initial, "")} | {(s, "[*]", "") for s in c.new.terminals}
         for s, e, t in c.new.edges:
-            if (s, e) in added:
+            if (s, e, t) in added:
                 expected.add((s, t, f"{e} (added)"))
             elif (s, e) in was:
                 expected.add((s, t, f"{e} (retargeted, was {was[s, e]})"))
@@ -402,7 +404,13 @@ def test_choices_and_caps_say_what_breaks() -> None:
         ("running", "check", ("running", "failed"), ("running", "failed", "dead"), False),
         ("failed", "retry", ("queued",), ("queued", "running"), True),
     ]
-    assert (c.added, c.removed, c.retargeted) == ((), (), ())
+    # The expanded table gains one transition per target a choice gains.
+    assert [(e.source, e.event, e.target, e.breaking) for e in c.added] == [
+        ("running", "finish", "failed", False),
+        ("running", "check", "dead", False),
+        ("failed", "retry", "running", False),
+    ]
+    assert (c.removed, c.retargeted) == ((), ())
     assert [(o.name, o.old, o.new, o.breaking) for o in c.options] == [
         ("caps.start", 10, 20, False),  # raised
         ("caps.finish", None, 2, True),  # added
@@ -422,3 +430,29 @@ def test_a_choice_losing_a_target_is_breaking_and_back_to_single_too() -> None:
     back = compare(machine(old), machine(CASES / "choices_and_caps" / "old.yaml"))
     by_pair = {(x.source, x.event): x.breaking for x in back.choices}
     assert by_pair == {("running", "finish"): True, ("running", "check"): True, ("failed", "retry"): True}
+    # ... and each target a choice loses is a removed transition, breaking.
+    assert [(e.source, e.event, e.target, e.breaking) for e in back.removed] == [
+        ("running", "finish", "failed", True),
+        ("running", "check", "dead", True),
+        ("failed", "retry", "running", True),
+    ]
+    assert back.added == ()
+
+
+def test_a_single_target_becoming_a_choice_adds_the_new_edge_in_every_format(fsmc) -> None:  # type: ignore[no-untyped-def]
+    # Issue 23: a reviewer who reads only `transitions` must see the new edge.
+    folder = CASES / "became_a_choice"
+    old, new = folder / "old.yaml", folder / "new.yaml"
+    doc = json.loads(fsmc("diff", old, new, "--format", "json").out)
+    assert doc["transitions"]["added"] == [
+        {"from": "in_review", "event": "decide", "to": "rejected", "breaking": False}
+    ]
+    assert [(c["old_to"], c["new_to"], c["breaking"]) for c in doc["choices"]] == [
+        (["approved"], ["approved", "rejected"], True)
+    ]
+    text = fsmc("diff", old, new).out
+    assert "+ transition  in_review --decide--> rejected\n" in text
+    markdown = fsmc("diff", old, new, "--format", "markdown").out
+    assert "| transition added | `in_review --decide--> rejected` | compatible |" in markdown
+    assert "in_review --> rejected: decide (added)" in markdown
+    assert "in_review --> approved: decide (choice, was approved)" in markdown
