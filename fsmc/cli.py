@@ -154,7 +154,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from fsmc import output
+    from fsmc import output, source
     from fsmc.targets import generate
 
     specs = list(dict.fromkeys(args.specs))  # overlapping globs name a spec twice
@@ -184,7 +184,8 @@ def _build(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise Trouble(f"{out}: not a directory")
-    for folder in output.abandoned(out, files, spec_paths):
+    roots = [source.spec_root(arg) for arg in specs]
+    for folder in output.abandoned(out, files, spec_paths, roots):
         print(
             f"fsmc: warning: {(out / folder).as_posix()} was generated from a spec that no "
             "longer exists; delete it if the machine is gone",

@@ -24,6 +24,7 @@ import re
 import secrets
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -95,11 +96,26 @@ def orphans(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset(
     ]
 
 
-def abandoned(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset()) -> list[str]:
+def abandoned(
+    out: Path,
+    files: dict[str, str],
+    specs: frozenset[str] = frozenset(),
+    roots: Iterable[Path] = (),
+) -> list[str]:
     """Folders of `out` generated from a spec that seems to be gone: worth a warning,
-    never a deletion (a false guess would destroy a file this build knows nothing of)."""
+    never a deletion (a false guess would destroy a file this build knows nothing of).
+
+    A header records its spec's path relative to the root of the spec's repository
+    (`source.spec_root`), which the header does not name. The spec seems gone only
+    when that path exists under none of the folders it may be relative to: `roots`
+    (those of this build's specs, which usually share a repository with the earlier
+    ones), the output's repository, the working directory's, and the working
+    directory itself. A wrong guess costs at most a missed warning, never a false one
+    for a spec that exists in the repository being built."""
     written = {p.split("/", 1)[0] for p in files}
-    base = project_root(out.resolve()) or Path.cwd()
+    cwd = Path.cwd()
+    candidates = [*roots, project_root(out.resolve()), project_root(cwd), cwd]
+    bases = [b for b in dict.fromkeys(candidates) if b is not None]
     gone: dict[str, str] = {}
     for folder, _, path in _candidates(out):
         spec = generated_from(path)
@@ -107,7 +123,7 @@ def abandoned(out: Path, files: dict[str, str], specs: frozenset[str] = frozense
             continue
         relative = PurePosixPath(spec)
         if spec and not relative.is_absolute() and ".." not in relative.parts:
-            if not (base / relative).exists():
+            if not any((base / relative).exists() for base in bases):
                 gone[folder] = spec
     return [f"{folder}/ (from {spec})" for folder, spec in sorted(gone.items())]
 

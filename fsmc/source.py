@@ -29,10 +29,24 @@ class Source:
 
 
 def read(arg: str) -> Source:
-    if os.path.lexists(arg) or ":" not in arg:
+    if _is_file(arg):
         return Source(arg, _header_path(arg), _read_file(arg))
     rev, _, path = arg.partition(":")
     return Source(arg, PurePosixPath(path).as_posix(), _read_git(rev, path, arg))
+
+
+def _is_file(arg: str) -> bool:
+    """A path, not `REV:PATH` (a file whose name holds a colon is still a file)."""
+    return os.path.lexists(arg) or ":" not in arg
+
+
+def spec_root(arg: str) -> Path:
+    """The folder a spec argument's header path is relative to: the root of the
+    spec's repository (for `REV:PATH`, of the working directory's, where git reads
+    it), else the working directory. `fsmc build` resolves earlier headers against
+    it to judge whether their specs still exist."""
+    start = Path(os.path.abspath(arg)).parent if _is_file(arg) else Path.cwd()
+    return project_root(start) or Path.cwd()
 
 
 def project_root(start: Path) -> Path | None:
@@ -48,7 +62,7 @@ def _header_path(arg: str) -> str:
     root (so `fsmc build --check` agrees from any working directory), else to the
     working directory; never absolute."""
     absolute = Path(os.path.abspath(arg))
-    base = project_root(absolute.parent) or Path.cwd()
+    base = spec_root(arg)
     try:
         return absolute.relative_to(base).as_posix()
     except ValueError:
