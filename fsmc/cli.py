@@ -1,9 +1,9 @@
 """The command line: the only part of fsmc that touches the terminal, output files and
 exit codes.
 
-Exit status everywhere: 0 success, 1 the spec has errors (or, for `build --check`,
-generated files are stale; for `diff`, the machines differ), 2 usage or I/O
-trouble. Input never produces a traceback: an exception that escapes a stage is
+Exit status everywhere: 0 success, 1 the spec has errors (`graph` too, when it
+still draws a spec whose names resolve; or, for `build --check`, generated files
+are stale; for `diff`, the machines differ), 2 usage or I/O trouble. Input never produces a traceback: an exception that escapes a stage is
 our bug, and is reported as one (exit 3) with a request to file it.
 """
 
@@ -242,7 +242,13 @@ def _graph(args: argparse.Namespace) -> int:
     if result.machine is None or blocking:
         return EXIT_ERRORS
     sys.stdout.write(graph.render(result.machine, args.format))
-    return EXIT_OK
+    if result.ok():
+        return EXIT_OK
+    # A spec that breaks a graph rule (a trap, an unreachable state) is still drawn,
+    # since the picture shows the problem; but it has errors, and a script running
+    # `fsmc graph spec.yaml > spec.mmd` must be able to tell, as from `check`.
+    print("fsmc: the spec has errors; the diagram draws it as written", file=sys.stderr)
+    return EXIT_ERRORS
 
 
 def _diff(args: argparse.Namespace) -> int:

@@ -208,10 +208,20 @@ def test_graph_prints_mermaid_and_dot(fsmc) -> None:  # type: ignore[no-untyped-
 def test_graph_draws_a_spec_with_graph_errors_but_not_unresolved_names(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
     trap = JOB.read_text().replace("  - {from: failed, event: abandon, to: abandoned}\n", "")
     trap = trap.replace("  - {from: paused, event: abandon, to: abandoned}\n", "")
-    ran = fsmc("graph", write(tmp_path, "trap.yaml", trap))
-    assert ran.code == 0 and "[unreachable-state]" in ran.err and "stateDiagram-v2" in ran.out
+    for fmt, start in (("mermaid", "stateDiagram-v2\n"), ("dot", 'digraph "job" {')):
+        ran = fsmc("graph", write(tmp_path, "trap.yaml", trap), "--format", fmt)
+        # Drawn, so the picture shows the problem; but exit 1, as `check` does (issue
+        # 23: `fsmc graph spec.yaml > spec.mmd` in a script must be able to tell).
+        assert ran.code == 1 and ran.out.startswith(start)
+        assert "[unreachable-state]" in ran.err
+        assert ran.err.endswith("fsmc: the spec has errors; the diagram draws it as written\n")
     ran = fsmc("graph", write(tmp_path, "typo.yaml", TYPO))
     assert ran.code == 1 and ran.out == ""
+    # Warnings alone are no failure.
+    unused = JOB.read_text().replace("  abandon: stop", "  spare:\n  abandon: stop")
+    ran = fsmc("graph", write(tmp_path, "unused.yaml", unused))
+    assert ran.code == 0 and "[unused-event]" in ran.err and ran.out.startswith("stateDiagram-v2\n")
+    assert "fsmc: the spec has errors" not in ran.err
 
 
 def _git(repo: Path, *args: str) -> None:

@@ -209,13 +209,13 @@ def _parse_everything(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
             readme = (out / "README.md").read_text(encoding="utf-8")
             texts[spec.name + "/README"] = "\n".join(mermaid_blocks(readme))
 
-    # `fsmc graph` draws a spec with errors too, states on no arrow included.
+    # `fsmc graph` draws a spec with errors too (and exits 1), states on no arrow included.
     folder = tmp_path_factory.mktemp("graph")
     path = folder / f"{LONELY.name}.yaml"
     path.write_text(LONELY.yaml(), encoding="utf-8")
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        assert cli.main(["graph", str(path)]) == 0
+        assert cli.main(["graph", str(path)]) == 1
     texts["graph/" + LONELY.name] = out.getvalue()
 
     # Controls: the same machines drawn with every name as its plain id.
