@@ -1,10 +1,14 @@
-"""The repository is a pre-commit hook repository: `pre-commit try-repo` installs it
-(as pre-commit installs any `language: python` hook, with pip) and runs its two
-hooks on a sample project holding a good spec, a bad spec and a stale generated file.
+"""The repository is a pre-commit hook repository: a project that names it in its
+`.pre-commit-config.yaml`, as the README shows, gets both hooks installed (as
+pre-commit installs any `language: python` hook, with pip) and run on a sample
+holding a good spec, a bad spec and a stale generated file.
 
 The hook repository is the working tree (committed into a scratch git repository,
 since pre-commit clones what it installs), so the test checks what is about to be
-committed, not the last commit."""
+committed, not the last commit. pre-commit installs the hooks' one environment once
+(`install-hooks`, into a PRE_COMMIT_HOME the module shares); both runs then use it.
+`pre-commit try-repo` would install it afresh on every call, into a store of its own.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ def test_the_manifest_declares_both_hooks() -> None:
 
 
 @pytest.fixture(scope="module")
-def hook_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hook_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The working tree's shipped files, committed; (the repository, its commit)."""
     repo = tmp_path_factory.mktemp("hook-repo")
     for name in SHIPPED:
         source = ROOT / name
@@ -48,11 +53,16 @@ def hook_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "hooks")
-    return repo
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True, text=True)
+    return repo, rev.stdout.strip()
 
 
-def test_try_repo_runs_both_hooks_with_the_expected_exit_codes(hook_repo: Path, tmp_path: Path) -> None:
-    project = tmp_path / "project"
+@pytest.fixture(scope="module")
+def project(hook_repo: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A sample project whose config names the hook repository, its hooks installed;
+    (the project, the environment pre-commit runs in)."""
+    repo, rev = hook_repo
+    project = tmp_path_factory.mktemp("project")
     (project / "specs").mkdir(parents=True)
     shutil.copy(SPECS / "job.yaml", project / "specs" / "job.yaml")
     bad = (SPECS / "task.yaml").read_text().replace("to: done}", "to: dnoe}", 1)
@@ -61,29 +71,42 @@ def test_try_repo_runs_both_hooks_with_the_expected_exit_codes(hook_repo: Path, 
     subprocess.run([sys.executable, "-m", "fsmc", "build", "specs/job.yaml"], cwd=project, check=True)
     stale = project / "generated" / "job" / "job.mmd"
     stale.write_text(stale.read_text().replace("claimed", "clamied"))
+    # The README's configuration, with this repository in place of the published one.
+    config = {"repos": [{"repo": str(repo), "rev": rev,
+                         "hooks": [{"id": "fsmc-check"}, {"id": "fsmc-build-check"}]}]}  # fmt: skip
+    (project / ".pre-commit-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-qm", "sample")
     env = {
         **os.environ,
-        "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"),
+        "PRE_COMMIT_HOME": str(tmp_path_factory.mktemp("pre-commit-home")),
         "PRE_COMMIT_COLOR": "never",
         # pip installs the hook's environment from the configured indexes; offline,
         # an unreachable one is skipped at once rather than retried for minutes.
         "PIP_RETRIES": os.environ.get("PIP_RETRIES", "0"),
         "PIP_NO_COMPILE": "1",
     }
-    # try-repo installs the hooks afresh on every call (~30 s): two calls, side by side.
+    done = subprocess.run([sys.executable, "-m", "pre_commit", "install-hooks"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return project, env
+
+
+def test_pre_commit_runs_both_hooks_with_the_expected_exit_codes(project: tuple[Path, dict[str, str]]) -> None:
+    where, env = project
+    # Both runs use the environment install-hooks made: side by side, nothing to install.
     runs = {
         which: subprocess.Popen(
-            [sys.executable, "-m", "pre_commit", "try-repo", "--verbose", str(hook_repo), *files],
-            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", "pre_commit", "run", "--verbose", *files],
+            cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         for which, files in (("all", ["--all-files"]), ("good", ["--files", "specs/job.yaml"]))
     }
     out = {which: run.communicate(timeout=900)[0] for which, run in runs.items()}
     codes = {which: run.returncode for which, run in runs.items()}
     assert codes == {"all": 1, "good": 1}, out
+    assert not any("Installing environment" in text for text in out.values()), out
 
     # Every spec: the bad one fails the check, with its diagnostic; the good one
     # has none. The build check refuses to judge output while a spec has errors.
