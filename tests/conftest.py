@@ -1,4 +1,5 @@
-"""Shared test fixtures: the hypothesis profile, the PostgreSQL server, paths.
+"""Shared test fixtures: the hypothesis profile, the PostgreSQL server, paths, and
+fsmc's wheel (built once per session, whichever xdist worker asks first).
 
 Database tests take the `pg_dsn` fixture. Without FSMC_PG_DSN they skip, except
 when FSMC_REQUIRE_PG is set (as .ci/run sets it): then they fail, so CI can never
@@ -7,8 +8,13 @@ pass with the database part silently skipped.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -95,3 +101,59 @@ def job(tmp_path: Path) -> ModuleType:
     from tests.pg_scratch import machine_of, module_of
 
     return module_of(machine_of("job"), tmp_path)
+
+
+# --- the wheel ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Wheel:
+    path: Path
+    log: str  # what `pip wheel --verbose` printed, stdout then stderr
+
+
+@pytest.fixture(scope="session")
+def fsmc_wheel(tmp_path_factory: pytest.TempPathFactory) -> Wheel:
+    """fsmc's wheel, built from a clean copy of the working tree (what a clone holds,
+    without tests, benchmarks, generated output or caches), once for the whole run:
+    the xdist workers share one folder and take turns under a lock, so the second
+    finds the first one's wheel.
+
+    Built without build isolation, with the setuptools the test extra installed, so no
+    build environment is made and nothing is fetched; the setuptools must satisfy
+    pyproject.toml's `build-system.requires`, or this would not be the wheel pip builds."""
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]:
+        wanted = Requirement(line)
+        assert wanted.specifier.contains(version(wanted.name), prereleases=True), (
+            f"{wanted.name} {version(wanted.name)} does not satisfy {wanted}: run bash tests/run.sh")
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's own
+    folder = shared / "fsmc-wheel"
+    folder.mkdir(exist_ok=True)
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        log = folder / "pip-wheel.log"
+        if not log.exists():
+            source = folder / "src"
+            shutil.copytree(
+                ROOT, source,
+                ignore=shutil.ignore_patterns(".git", ".venv", "node_modules", "__pycache__", "*.egg-info",
+                                              "build", "dist", "generated", "tests", "benchmarks",
+                                              ".*_cache"),
+            )  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--verbose",
+                 "--disable-pip-version-check", "--wheel-dir", str(folder / "dist"), str(source)],
+                capture_output=True, text=True, check=False, timeout=600,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            shutil.rmtree(source)
+            log.write_text(done.stdout + done.stderr)
+    (wheel,) = (folder / "dist").glob("fsmc-*.whl")
+    return Wheel(wheel, log.read_text())
