@@ -58,8 +58,44 @@ def _where(first: Text, again: Text) -> str:
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    close = typo_of(word, choices)
+    return f"; did you mean '{close}'?" if close else ""
+
+
+def typo_of(word: str, choices: Iterable[str]) -> str | None:
+    """The declared name `word` looks like a typo of, if any: the closest one at most
+    a third of `word`'s length (at least one) of edits away, counting a swap of two
+    neighbouring letters as one edit, as rustc and clap judge typos. Mere similarity
+    is not enough: for `processed`, `being_processed` is another state that contains
+    the word, and naming it would send the author to the wrong state.
+
+    difflib ranks a few similar names cheaply (its quick ratios reject most of a
+    long list at once); only those are measured."""
+    limit = max(1, len(word) // 3)
+    ranked = difflib.get_close_matches(word, list(choices), n=5, cutoff=0.5)
+    measured = [(_edits(word, c, limit), i, c) for i, c in enumerate(ranked)]
+    typos = [m for m in measured if m[0] <= limit]
+    return min(typos)[2] if typos else None
+
+
+def _edits(a: str, b: str, limit: int) -> int:
+    """The optimal string alignment distance of `a` and `b` (insertions, deletions,
+    substitutions and swaps of neighbours), or `limit + 1` once it must exceed `limit`."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    before: list[int] = []
+    row = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        previous, row = row, [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], before[j - 2] + 1)
+        if min(row) > limit:
+            return limit + 1
+        before = previous
+    return min(row[-1], limit + 1)
 
 
 def bad_name(m: Machine) -> Iterator[Diagnostic]:
@@ -261,14 +297,36 @@ def _sources(m: Machine) -> set[str]:
     return {str(t.source) for t in m.transitions}
 
 
+def _isolated(m: Machine, g: Any) -> set[str]:
+    """States no transition enters or leaves (the initial state aside, which rows
+    enter by being born). Such a state is one mistake, a leftover or a state not yet
+    wired in, so it gets one diagnostic, `unreachable-state`, that says so and how to
+    fix it, not also a `dead-end` asking for a way out of a state nothing reaches."""
+    sources = _sources(m)
+    return {
+        s for s in m.state_names if s not in sources and g.in_degree(s) == 0 and s != m.initial
+    }
+
+
 def unreachable_state(m: Machine, g: Any) -> Iterator[Diagnostic]:
     import networkx as nx
 
     if m.initial is None:
         return
     reached = nx.descendants(g, str(m.initial)) | {str(m.initial)}
+    isolated = _isolated(m, g)
     for d in _first_declarations(m):
-        if d not in reached:
+        if d in isolated:
+            connect = (
+                "a transition into it" if d in m.terminal_names
+                else "transitions into and out of it"
+            )  # fmt: skip
+            yield _at(
+                m, d, codes.UNREACHABLE_STATE,
+                f"state '{d}' is isolated: no transition enters or leaves it, so it cannot "
+                f"be reached from the initial state '{m.initial}'; remove it, or add {connect}",
+            )  # fmt: skip
+        elif d not in reached:
             yield _at(
                 m, d, codes.UNREACHABLE_STATE,
                 f"state '{d}' cannot be reached from the initial state '{m.initial}'",
@@ -277,8 +335,9 @@ def unreachable_state(m: Machine, g: Any) -> Iterator[Diagnostic]:
 
 def dead_end(m: Machine, g: Any) -> Iterator[Diagnostic]:
     sources = _sources(m)
+    isolated = _isolated(m, g)  # `unreachable-state` says all there is to say
     for d in _first_declarations(m):
-        if d not in m.terminal_names and d not in sources:
+        if d not in m.terminal_names and d not in sources and d not in isolated:
             yield _at(
                 m, d, codes.DEAD_END,
                 f"state '{d}' is not terminal but has no outgoing transition; "

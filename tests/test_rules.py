@@ -179,6 +179,61 @@ def test_unreachable_state() -> None:
     )
 
 
+def test_an_isolated_state_is_one_diagnostic_not_also_a_dead_end() -> None:
+    # Issue 23: no transition in or out is one mistake (a leftover, or a state not
+    # wired in yet); "add a way out, or list it in terminals" would not help.
+    assert_only(
+        "unreachable-state",
+        BASE.replace("  done:\n", "  done:\n  @spare:\n"),
+        "state 'spare' is isolated: no transition enters or leaves it, so it cannot be "
+        "reached from the initial state 'queued'; remove it, or add transitions into and "
+        "out of it",
+    )
+    assert_only(
+        "unreachable-state",
+        BASE.replace("  done:\n", "  done:\n  @gone:\n").replace("[done]", "[done, gone]"),
+        "state 'gone' is isolated",
+        "remove it, or add a transition into it",
+    )
+    # A state with a way in but none out is still a dead end, and one with a way out
+    # but none in is still merely unreachable.
+    assert_only(
+        "dead-end",
+        BASE.replace("  done:\n", "  done:\n  @stuck:\n")
+        + "  - {from: queued, event: finish, to: stuck}\n",
+        "has no outgoing transition",
+    )
+    messages = assert_only(
+        "unreachable-state",
+        BASE.replace("  done:\n", "  done:\n  @island:\n")
+        + "  - {from: island, event: finish, to: done}\n",
+    )
+    assert not any("isolated" in m for m in messages)
+
+
+@pytest.mark.parametrize(
+    ("written", "declared", "suggested"),
+    [
+        ("processed", "being_processed", None),  # another state that contains the word
+        ("process", "processing", None),
+        ("claim", "claimed", None),
+        ("procesed", "processed", "processed"),  # a letter missing
+        ("strat", "start", "start"),  # two letters swapped
+        ("pasued", "paused", "paused"),
+        ("hel", "held", "held"),
+        ("compelted", "completed", "completed"),
+    ],
+)
+def test_did_you_mean_names_only_what_looks_like_a_typo(
+    written: str, declared: str, suggested: str | None
+) -> None:
+    spec = BASE.replace("  done:\n", f"  done:\n  {declared}:\n")
+    spec += f"  - {{from: running, event: start, to: @{written}}}\n"
+    messages = assert_only("unknown-state", spec, f"'{written}' is not a declared state")
+    hint = f"; did you mean '{suggested}'?" if suggested else ""
+    assert messages[0].endswith(f"'{written}' is not a declared state{hint}"), messages
+
+
 def test_dead_end() -> None:
     assert_only(
         "dead-end",
