@@ -408,6 +408,7 @@ class MigrateContext:
     format5_check: str  # that CHECK's definition
     format5_dropped: str  # the domain format 4's triple CHECK cast to
     writer_functions: str  # the SECURITY DEFINER functions NEW has, comma-separated
+    app_writes: tuple[str, str]  # the application's column privileges on NEW's two tables
     apply_signature: str  # NEW's `_apply`, as regprocedure reads it
     digest_query: str
     removed_states: str | None  # a text[] literal
@@ -493,6 +494,7 @@ def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
         format3_dropped=f"{Names.of(old).apply}({sql_target.ID_COLUMNS[old.postgres.id_type][0]}, text, bigint, text, jsonb)",
         apply_signature=next(f.key for f in new_schema.functions if f.name == names.apply),
         writer_functions=", ".join(sql_target.callable_functions(new)),
+        app_writes=sql_target.app_writes(new),
         digest_query=f"SELECT {names.digest}()",
         removed_states=sql_text_array(removed_states) if removed_states else None,
         caps=caps,

@@ -5,7 +5,7 @@ non-superuser role, per test, so tests run in parallel under pytest-xdist.
 owns, and loads the machine's generated `.sql` into it *as that role*: every test
 is first a proof that the file applies cleanly as a non-superuser owner. It also
 makes the application's role, with exactly the grants the README lists
-(`APP_GRANTS`) and PostgreSQL's defaults (TEMPORARY on the database, EXECUTE on
+(`sql_target.app_grants`) and PostgreSQL's defaults (TEMPORARY on the database, EXECUTE on
 functions): applications never connect as the owner, and neither do the tests that
 play one. `scratch.connect()` opens a connection as the application role,
 `scratch.owner()` one as the owner (for DDL and migrations), both with
@@ -46,13 +46,8 @@ LEASE_SPEC_NAMES = ("job", "task")  # runner has no lease
 # purpose holds it for milliseconds, but on a loaded shared machine those can last.
 TIMEOUTS = "-c lock_timeout=30s -c statement_timeout=120s"
 
-# What an application role needs, and all it gets (README, "The PostgreSQL schema").
-APP_GRANTS = """\
-GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT SELECT, INSERT, UPDATE ON {table} TO {role};
-GRANT SELECT, INSERT ON {events} TO {role};
-GRANT SELECT ON {intervals} TO {role};
-GRANT EXECUTE ON FUNCTION {functions} TO {role};"""
+# What an application role needs, and all it gets: `sql_target.app_grants`, the README's list.
+
 
 
 def writer_of(conn: psycopg.Connection[Any], schema: str, machine: Machine) -> str | None:
@@ -115,13 +110,16 @@ class Scratch:
         return scratch
 
     def grants(self) -> bytes:
-        """APP_GRANTS for this schema's tables and the application role."""
-        n = self.names
-        functions = [n.apply, n.claim, n.purge] + ([n.reclaim] if self.machine.lease else [])
-        return APP_GRANTS.format(schema=sql.Identifier(self.schema).as_string(),
-                                 role=sql.Identifier(self.app_role).as_string(),
-                                 table=n.table, events=n.events_table, intervals=n.intervals,
-                                 functions=", ".join(functions)).encode()  # fmt: skip
+        """`sql_target.app_grants` (the README's list) for this schema and application role."""
+        return "\n".join(sql_target.app_grants(self.machine, self.schema, self.app_role)).encode()
+
+    def as_owner(self, query: str, params: Any = None) -> None:
+        """Run `query` (`q`'s placeholders) as the owner and commit: for what the
+        application role may not do, such as backdating a heartbeat to make a lease
+        stale without waiting for it (the columns of times are the database's)."""
+        with self.owner() as owner:
+            owner.execute(self.q(query), params)
+            owner.commit()
 
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         """A connection as the application role, search_path = the scratch schema. A

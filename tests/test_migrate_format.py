@@ -10,7 +10,8 @@ tests/migrate_cases/added_state/old.yaml before format 2 (the SQL template of th
 release, rendered for that spec); added_state_old.format2.sql what it built at
 format 2 (commit 9830bc5; its first lines say how it was made), and
 added_state_old.format3.sql at format 3 (commit 970ec0a, the last before format 4),
-added_state_old.format4.sql at format 4 (commit a63c560, the last before format 5)."""
+added_state_old.format4.sql at format 4 (commit a63c560, the last before format 5),
+added_state_old.format5.sql at format 5 (commit 836a4ae, the last before format 6)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from fsmc.migrate import migrate
@@ -41,6 +43,7 @@ FORMAT1 = ROOT / "tests" / "format_cases" / "added_state_old.format1.sql"
 FORMAT2 = ROOT / "tests" / "format_cases" / "added_state_old.format2.sql"
 FORMAT3 = ROOT / "tests" / "format_cases" / "added_state_old.format3.sql"
 FORMAT4 = ROOT / "tests" / "format_cases" / "added_state_old.format4.sql"
+FORMAT5 = ROOT / "tests" / "format_cases" / "added_state_old.format5.sql"
 
 
 def without_column_order(objects: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
@@ -149,7 +152,7 @@ def test_a_format_2_database_keeps_who_may_move_rows_and_drops_its_old_apply(pg_
         assert after.events == before.events
         assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
         with db.connect() as app:  # the application role moves rows as before, and with to_state
-            assert app.execute(db.q("SELECT {purge}('0', 100)")).fetchone() == (1,)  # the completed row
+            assert app.execute(db.q("SELECT {purge}('1 microsecond', 100)")).fetchone() == (1,)  # the completed row
             app.commit()
             running = after.rows[rows["running"]][1]
             assert db.apply(app, rows["running"], "pause", running, actor="app") == running + 1
@@ -251,5 +254,38 @@ def test_a_format_4_database_gets_the_moves_domain_and_the_text_when_clauses(pg_
                                  " WHERE tgrelid = 'job_events'::regclass AND tgname = 'job_check_event'")  # fmt: skip
             assert "::name" in str(when.fetchone())  # format 4's WHEN clause compares a name
         migrates_to_a_fresh_build(pg_dsn, db, old, new, "SELECT to_regtype('job_transition_51621e28')")
+    finally:
+        db.drop()
+
+
+def test_a_format_5_database_takes_the_callers_pen_for_ids_and_times(pg_dsn: str) -> None:
+    # Format 5's README granted the application whole tables: it could rewrite a row's
+    # id, backdate entered_at, hold a lease with heartbeat_at = 'infinity'. The
+    # migration leaves each role that moves rows exactly today's column grants, and the
+    # heartbeat and the update guard to the writer.
+    old, new = spec("added_state"), spec("added_state", "new")
+    db = Scratch.create(pg_dsn, old, FORMAT5.read_text(encoding="utf-8"))
+    try:
+        n = Names.of(old)
+        with db.owner() as owner:  # the grants of format 5's README
+            owner.execute(f"GRANT USAGE ON SCHEMA {db.schema} TO {db.app_role};"
+                          f" GRANT SELECT, INSERT, UPDATE ON {n.table} TO {db.app_role};"
+                          f" GRANT SELECT, INSERT ON {n.events_table} TO {db.app_role};"
+                          f" GRANT SELECT ON {n.intervals} TO {db.app_role};"
+                          f" GRANT EXECUTE ON FUNCTION {n.apply}, {n.claim}, {n.reclaim}, {n.purge}"
+                          f" TO {db.app_role}".encode())  # fmt: skip
+            owner.commit()
+            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (5,)
+        with db.connect() as app:
+            app.execute(db.q("UPDATE {table} SET entered_at = '1970-01-01' WHERE false"))  # allowed, then
+            app.rollback()
+        migrates_to_a_fresh_build(pg_dsn, db, old, new, "SELECT to_regtype('no_such_type')")
+        with db.connect() as app:
+            for write in ("UPDATE {table} SET entered_at = '1970-01-01'", "UPDATE {table} SET id = id",
+                          "UPDATE {table} SET heartbeat_at = 'infinity'",
+                          "INSERT INTO {table} (created_at) VALUES ('-infinity')"):  # fmt: skip
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    app.execute(db.q(write))
+                app.rollback()
     finally:
         db.drop()

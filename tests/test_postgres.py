@@ -160,19 +160,26 @@ def test_a_row_is_born_in_the_initial_state_at_version_0(db: Scratch) -> None:
 
 def test_a_row_cannot_be_born_in_any_other_state_or_version(db: Scratch) -> None:
     m = db.machine
-    ids = "(id, state, state_version)" if m.postgres.id_type == "text" else "(state, state_version)"
-    values = "(%s, %s, %s)" if m.postgres.id_type == "text" else "(%s, %s)"
+    text_id = m.postgres.id_type == "text"
+
+    def insert(conn: psycopg.Connection[Any], state: str, version: int | None) -> Exception:
+        columns = ["id"] * text_id + ["state"] + ["state_version"] * (version is not None)
+        params: list[Any] = ["born-" + state] * text_id + [state] + [version] * (version is not None)
+        marks = ", ".join(["%s"] * len(params))
+        return refused(conn, db.q(f"INSERT INTO {{table}} ({', '.join(columns)}) VALUES ({marks})"), params)
+
     with db.connect() as conn:
         before = snapshot(db, conn)
-        attempts = [(s, 0) for s in m.state_names if s != m.initial] + [(str(m.initial), 1)]
-        for state, version in attempts:
-            params: tuple[Any, ...] = (state, version)
-            if m.postgres.id_type == "text":
-                params = ("born-" + state, *params)
-            error = refused(conn, db.q(f"INSERT INTO {{table}} {ids} VALUES {values}"), params)
+        for state in (s for s in m.state_names if s != m.initial):
+            error = insert(conn, state, None)
             assert sqlstate_of(error) == sqlstate.BYPASS_WRITE, error
             assert f'"{state}"' in str(error)
+        # The version is the database's: the application has no grant on it at all.
+        assert sqlstate_of(insert(conn, str(m.initial), 1)) == "42501"
         assert snapshot(db, conn) == before
+    with db.owner() as owner:  # the guard refuses it whoever writes, but the writer
+        error = insert(owner, str(m.initial), 1)
+        assert sqlstate_of(error) == sqlstate.BYPASS_WRITE, error
 
 
 # --- _apply -------------------------------------------------------------------------
@@ -430,15 +437,18 @@ def test_the_event_log_admits_only_the_specs_triples(db: Scratch) -> None:
                 "INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"
                 " VALUES (%s, %s, %s, %s, %s, 'dba')"), (row_id, version + 1, *triple))  # fmt: skip
             assert sqlstate_of(error) == "23514", (triple, error)
-        for column in ("from_state", "event", "to_state", "actor", "version", "at"):
+    # Every column but the payload is NOT NULL, whoever writes (`at` as the owner: the
+    # application has no grant on it, its time being the transaction's).
+    with db.connect() as conn, db.owner() as owner:
+        for who, column in [(conn, c) for c in ("from_state", "event", "to_state", "actor", "version")] + [(owner, "at")]:
             values = {"from_state": source_state, "event": event, "to_state": target,
-                      "actor": "dba", "version": version + 1, "at": "now"}  # fmt: skip
+                      "actor": "dba", "version": version + 1, "at": None}  # fmt: skip
             values[column] = None
-            error = refused(conn, db.q(
-                "INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor, at)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s)"),
-                (row_id, values["version"], values["from_state"], values["event"],
-                 values["to_state"], values["actor"], values["at"]))  # fmt: skip
+            listed = ["version", "from_state", "event", "to_state", "actor"] + ["at"] * (column == "at")
+            error = refused(who, db.q(
+                f"INSERT INTO {{events}} ({{id_col}}, {', '.join(listed)})"
+                f" VALUES (%s{', %s' * len(listed)})"),
+                (row_id, *(values[c] for c in listed)))  # fmt: skip
             assert sqlstate_of(error) == "23502", (column, error)
 
 
@@ -514,12 +524,12 @@ def test_writes_that_leave_the_state_alone_pass_untouched(db: Scratch) -> None:
         writes = ["UPDATE {table} SET state = state WHERE id = %s",
                   "UPDATE {table} SET state = state, state_version = state_version WHERE id = %s",
                   "UPDATE {table} SET state_version = state_version" + counts + " WHERE id = %s"]  # fmt: skip
-        if m.lease:
-            writes.append("UPDATE {table} SET heartbeat_at = now() - interval '1 minute' WHERE id = %s")
-            writes.append("UPDATE {table} SET claimed_by = 'operator' WHERE id = %s")
         for write in writes:
             conn.execute(db.q(write), (row_id,))
             conn.commit()  # no event row needed, no trigger refuses
+        if m.lease:  # the claim columns are the database's: as the owner
+            db.as_owner("UPDATE {table} SET heartbeat_at = now() - interval '1 minute' WHERE id = %s", (row_id,))
+            db.as_owner("UPDATE {table} SET claimed_by = 'operator' WHERE id = %s", (row_id,))
         assert db.row(conn, row_id) == (state, version)
         assert db.events_of(conn, row_id) == events_before
 
@@ -626,9 +636,8 @@ def test_heartbeat_is_fenced_by_version_and_lease_state(lease_db: Scratch) -> No
     with db.connect() as conn:
         state = sorted(lease_states(m))[0]
         row_id, version = db.row_at(conn, state)
-        conn.execute(db.q("UPDATE {table} SET heartbeat_at = now() - interval '1 hour' WHERE id = %s"),
-                     (row_id,))  # fmt: skip
         conn.commit()
+        db.as_owner("UPDATE {table} SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (row_id,))
         stale = lease_columns(db, conn, row_id)[2]
         heartbeat = db.q("SELECT {heartbeat}(%s, %s)")
         for wrong in (version - 1, version + 1):
@@ -647,9 +656,8 @@ def test_heartbeat_is_fenced_by_version_and_lease_state(lease_db: Scratch) -> No
 
 
 def make_stale(db: Scratch, conn: psycopg.Connection[Any], row_id: Any) -> None:
-    conn.execute(db.q("UPDATE {table} SET heartbeat_at = now() - interval '1 hour' WHERE id = %s"),
-                 (row_id,))  # fmt: skip
     conn.commit()
+    db.as_owner("UPDATE {table} SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (row_id,))
 
 
 def reclaim(db: Scratch, conn: psycopg.Connection[Any], actor: str = "supervisor") -> set[Any]:
@@ -663,9 +671,7 @@ def test_reclaim_moves_every_stale_lease_row_and_nothing_else(lease_db: Scratch)
     with db.connect() as conn:
         # Rows other checks left in a lease state (the migrate tests share one
         # database) get a fresh heartbeat, so that only this test's rows are stale.
-        conn.execute(db.q("UPDATE {table} SET heartbeat_at = now() WHERE state = ANY(%s)"),
-                     (sorted(lease_states(m)),))  # fmt: skip
-        conn.commit()
+        db.as_owner("UPDATE {table} SET heartbeat_at = now() WHERE state = ANY(%s)", (sorted(lease_states(m)),))
         stale, fresh, free = {}, {}, {}
         for state in sorted(lease_states(m)):
             for _ in range(3):
@@ -698,8 +704,8 @@ def test_a_lease_row_without_any_heartbeat_is_stale(lease_db: Scratch) -> None:
     with db.connect() as conn:
         held = sorted(lease_states(db.machine))[0]
         row_id, _ = db.row_at(conn, held)
-        conn.execute(db.q("UPDATE {table} SET heartbeat_at = NULL WHERE id = %s"), (row_id,))
         conn.commit()
+        db.as_owner("UPDATE {table} SET heartbeat_at = NULL WHERE id = %s", (row_id,))
         assert reclaim(db, conn) == {row_id}
         conn.commit()
         assert db.replay_problems(conn) == []
@@ -738,9 +744,8 @@ def stale_lease_rows(db: Scratch, count: int) -> set[Any]:
     held = sorted(lease_states(db.machine))
     with db.connect() as conn:
         ids = {db.row_at(conn, held[i % len(held)])[0] for i in range(count)}
-        conn.execute(db.q("UPDATE {table} SET heartbeat_at = now() - interval '1 hour'"
-                          " WHERE id = ANY(%s)"), (list(ids),))  # fmt: skip
         conn.commit()
+        db.as_owner("UPDATE {table} SET heartbeat_at = now() - interval '1 hour' WHERE id = ANY(%s)", (list(ids),))
     return ids
 
 
@@ -938,8 +943,8 @@ def test_random_traffic_leaves_a_log_that_replays_to_every_row(db: Scratch) -> N
                 assert got == version + 1
                 rows[row_id] = (m.table[state, event], got)
         if m.lease:
-            conn.execute(db.q("UPDATE {table} SET heartbeat_at = now() - interval '1 hour'"
-                              " WHERE heartbeat_at IS NOT NULL"))  # fmt: skip
+            conn.commit()
+            db.as_owner("UPDATE {table} SET heartbeat_at = now() - interval '1 hour' WHERE heartbeat_at IS NOT NULL")
             for row_id in reclaim(db, conn):
                 state, version = rows[row_id]
                 rows[row_id] = (m.table[state, str(m.lease.reclaim)], version + 1)

@@ -42,7 +42,7 @@ def test_the_sync_functions_run_a_job_in_the_callers_transaction(db: Scratch, jo
             owner.commit()
         assert job.reclaim(conn, older_than=timedelta(minutes=1), actor="sup") == [first.id]
         assert job.get(conn, first.id) == job.Job(first.id, job.State.QUEUED, 3)
-        assert job.purge(conn, older_than=timedelta(0), limit=10) == 0
+        assert job.purge(conn, older_than=timedelta(microseconds=1), limit=10) == 0
         conn.commit()
         assert job.get(conn, ids[0] if ids[0] != first.id else ids[1]) is not None
 
@@ -127,8 +127,8 @@ def test_the_async_twins_do_what_the_sync_functions_do(db: Scratch, job: ModuleT
             with pytest.raises(job.IllegalTransition):
                 await job.atransition(conn, row_id, "start", expected_version=3, actor="aw")
             await conn.rollback()
-            # Finished in an earlier transaction: older than zero.
-            assert await job.apurge(conn, older_than=timedelta(0), limit=5) == 1
+            # Finished in an earlier transaction: older than a microsecond.
+            assert await job.apurge(conn, older_than=timedelta(microseconds=1), limit=5) == 1
             assert await job.aget(conn, row_id) is None
             await conn.commit()
             with pytest.raises(job.UnknownRow):

@@ -283,13 +283,22 @@ def test_purge_refuses_negative_and_null_arguments(db: Scratch) -> None:
             conn.rollback()
 
 
-def test_a_row_finished_in_this_transaction_is_not_purged_even_at_zero_age(db: Scratch) -> None:
+def test_a_row_finished_in_this_transaction_is_not_purged_even_at_the_least_age(db: Scratch) -> None:
     with db.connect() as conn:
         row_id = db.new_row(conn)
         for version, event in enumerate(path_to(db.machine, "completed")):
             db.apply(conn, row_id, event, version)
-        assert conn.execute(db.q("SELECT {purge}('0', 10)")).fetchone() == (0,)
+        assert conn.execute(db.q("SELECT {purge}('1 microsecond', 10)")).fetchone() == (0,)
         conn.commit()
+        # An age that reaches no further back than now is refused: it would purge what
+        # just finished ('-1 year +361 days' is "positive", PostgreSQL's months being
+        # 30 days, and reaches 4 days ahead).
+        for age in ("0", "-1 second", "-1 year +361 days"):
+            with pytest.raises(psycopg.Error) as caught:
+                conn.execute(db.q("SELECT {purge}(%s::interval, 10)"), (age,))
+            assert sqlstate(caught.value) == "22023", age
+            conn.rollback()
+        assert db.row(conn, row_id)[0] == "completed"
 
 
 def test_delete_outside_purge_still_fails_and_the_ticket_cannot_be_forged(db: Scratch) -> None:

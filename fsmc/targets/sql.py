@@ -127,9 +127,11 @@ from fsmc.templating import environment, render
 # state and triple CHECKs cast to domains holding the lists (format 3: the triples in a
 # function); 5: the triple CHECK casts a text[] to a domain of nested moves (format 4:
 # the three columns joined into one text), and the triggers skipping the writer's
-# writes compare CURRENT_USER with a text (format 4: a name).
+# writes compare CURRENT_USER with a text (format 4: a name); 6: the writer role owns
+# the heartbeat and the update guard too, which stamps a direct move's times, and the
+# application's grants are column by column (format 5: whole tables).
 # `fsmc migrate` brings a database of an older format to this one first.
-SCHEMA_FORMAT = 5
+SCHEMA_FORMAT = 6
 
 ID_COLUMNS = {
     "uuid": ("uuid", "pg_catalog.gen_random_uuid()", False),
@@ -257,15 +259,58 @@ def _pg_text_array(names: Iterable[str]) -> str:
 
 
 def writer_functions(machine: Machine) -> list[str]:
-    """The functions the writer role owns: those that move rows (names as SQL spells them)."""
+    """The functions the writer role owns (names as SQL spells them): those that move
+    rows, the heartbeat, and the guard, which stamps a direct move's times. They write
+    the columns the database keeps (`entered_at`, the claim columns), on which the
+    application role has no grant: their values are the database's, never a caller's."""
     n = Names.of(machine)
-    return [n.apply, n.claim] + ([n.reclaim] if machine.lease else [])
+    return [*_movers(machine), n.guard_update]
+
+
+def _movers(machine: Machine) -> list[str]:
+    n = Names.of(machine)
+    return [n.apply, n.claim] + ([n.heartbeat, n.reclaim] if machine.lease else [])
 
 
 def callable_functions(machine: Machine) -> list[str]:
     """The SECURITY DEFINER functions an application calls: EXECUTE on them is granted,
     never PUBLIC's (the writer's, and purge, which the owner keeps)."""
-    return [*writer_functions(machine), Names.of(machine).purge]
+    return [*_movers(machine), Names.of(machine).purge]
+
+
+def app_grants(machine: Machine, schema: str, role: str) -> list[str]:
+    """What an application role needs, and all it gets (the README's list; the tests'
+    application role gets exactly these). `schema` and `role` are raw names.
+
+    Column by column: the application may give a new row its id and (an initial) state,
+    and move a row by hand (state, state_version and a capped event's count, which the
+    guard checks); every other column is the database's. So a row's id and
+    `created_at` never change, `entered_at` and the claim columns are stamped by the
+    functions and the guard, and an event row's `at` is its transaction's time: no
+    caller can forge history, dwell times, leases or retention. Grants cost nothing
+    per statement; a trigger checking the same would cost every write."""
+    n = Names.of(machine)
+    s, r = sql_ident(schema), sql_ident(role)
+    writes, logs = app_writes(machine)
+    return [
+        f"GRANT USAGE ON SCHEMA {s} TO {r};",
+        f"GRANT SELECT, {writes} ON {s}.{n.table} TO {r};",
+        f"GRANT SELECT, {logs} ON {s}.{n.events_table} TO {r};",
+        f"GRANT SELECT ON {s}.{n.intervals} TO {r};",
+        f"GRANT EXECUTE ON FUNCTION {', '.join(f'{s}.{f}' for f in callable_functions(machine))} TO {r};",
+    ]
+
+
+def app_writes(machine: Machine) -> tuple[str, str]:
+    """The application's column privileges on the machine's table and on its event log
+    (`app_grants`), which `fsmc migrate` grants again to the roles that move rows."""
+    n = Names.of(machine)
+    counts = [count_column(e) for e in machine.cap_limits]
+    logged = [n.id_column, "version", "from_state", "event", "to_state", "actor", "payload"]
+    return (
+        f"INSERT (id, state), UPDATE ({', '.join(['state', 'state_version', *counts])})",
+        f"INSERT ({', '.join(logged)})",
+    )
 
 
 def writer_prepare(machine: Machine) -> str:
@@ -343,6 +388,7 @@ def writer_setup(machine: Machine) -> str:
     granted it can move rows (the README's grants). `fsmc migrate` runs it again after
     replacing functions."""
     owned, definers = [unquote(f) for f in writer_functions(machine)], [unquote(f) for f in callable_functions(machine)]
+    every = list(dict.fromkeys(owned + definers))
     n = Names.of(machine)
     return f"""\
 -- The writer role gets what the functions need, then the functions that move rows.
@@ -359,14 +405,16 @@ BEGIN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({_pg_text_array(definers)})
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({_pg_text_array(every)})
     LOOP
         IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({_pg_text_array(owned)}) THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
                                       v_schema, v_function.proname, v_function.args, v_role);
         END IF;
-        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                  v_schema, v_function.proname, v_function.args);
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ({_pg_text_array(definers)}) THEN
+            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                      v_schema, v_function.proname, v_function.args);
+        END IF;
     END LOOP;
 END
 $fsmc$;"""
@@ -448,7 +496,13 @@ def claim_assignments(change: str, actor: str, row: str = "") -> list[str]:
     """`column = CASE <change> WHEN 'enter' THEN ... ELSE <row>.column END` for each
     claim column, from `facts.CLAIM_RULE`: `change` is an SQL expression whose value
     is a `facts.Change`, `actor` one for the actor, `row` the updated row's alias."""
-    out: list[str] = []
+    return [f"{column} = {value}" for column, value in claim_values(change, actor, row)]
+
+
+def claim_values(change: str, actor: str, row: str = "") -> list[tuple[str, str]]:
+    """(column, `CASE <change> WHEN 'enter' THEN ... ELSE <row>.column END`) for each
+    claim column: `claim_assignments`, for a trigger that assigns NEW's fields."""
+    out: list[tuple[str, str]] = []
     for i, column in enumerate(CLAIM_COLUMNS):
         kept = f"{row}.{column}" if row else column
         values = {Action.ACTOR: actor, Action.NOW: "pg_catalog.now()", Action.CLEAR: "NULL"}
@@ -457,7 +511,7 @@ def claim_assignments(change: str, actor: str, row: str = "") -> list[str]:
             for c, actions in CLAIM_RULE.items()
             if actions[i] is not Action.KEEP
         ]
-        out.append(f"{column} = CASE {change} {' '.join(branches)} ELSE {kept} END")
+        out.append((column, f"CASE {change} {' '.join(branches)} ELSE {kept} END"))
     return out
 
 
@@ -482,6 +536,8 @@ class LeaseContext:
     apply_claims: list[str]  # _apply's claim assignments
     reclaim_claims: list[str]  # _reclaim's claim assignments
     moves: list[tuple[str, str, str]]  # (lease state, target, change) of the reclaim event
+    guard_change: str  # the lease change (`facts.Change`) of a direct move from OLD.state to NEW.state
+    guard_claims: list[tuple[str, str]]  # the guard's claim columns and their values (`claim_values`)
 
 
 @dataclass(frozen=True)
@@ -532,6 +588,7 @@ class BodyContext:
     purging: PurgeContext
     caps: list[CapContext]
     moves: str  # `_apply`'s table of moves, a jsonb constant (`moves_jsonb`)
+    digest: str  # the machine's digest, which a body checks is still the schema's
 
 
 @dataclass(frozen=True)
@@ -612,6 +669,17 @@ def sources_jsonb(m: Machine) -> str:
     return sql_str("{" + ", ".join(events) + "}") + "::pg_catalog.jsonb"
 
 
+def _change_sql(old: str, new: str, held: Sequence[str]) -> str:
+    """The `facts.Change` of a move from state `old` to state `new` (SQL expressions),
+    as `facts.change_of` tells it, in SQL."""
+    c = {change: sql_str(change.value) for change in facts.Change}
+    was, now = sql_any(old, held), sql_any(new, held)
+    return (
+        f"CASE WHEN {was} THEN CASE WHEN {now} THEN {c[facts.change_of(True, True)]} ELSE {c[facts.change_of(True, False)]} END"
+        f" WHEN {now} THEN {c[facts.change_of(False, True)]} ELSE {c[facts.change_of(False, False)]} END"
+    )
+
+
 def body_context(machine: Machine, names: Names) -> BodyContext:
     m = machine
     leased = set(facts.lease_states(m))
@@ -628,6 +696,9 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
             apply_claims=claim_assignments("v_lease", f"{names.apply}.actor", "t"),
             reclaim_claims=claim_assignments("x.lease", f"{names.reclaim}.actor", "t"),
             moves=[(s, t, c.value) for s, t, c in facts.reclaim_moves(m)],
+            guard_change=_change_sql("OLD.state", "NEW.state", held),
+            # BEFORE (with caps) the guard assigns NEW's fields; AFTER it updates the row.
+            guard_claims=claim_values("v_lease", "SESSION_USER::pg_catalog.text", "OLD" if m.cap_limits else "t"),
         )
     return BodyContext(
         machine=str(m.name),
@@ -658,6 +729,7 @@ def body_context(machine: Machine, names: Names) -> BodyContext:
             index_predicate=sql_among("state", terminals, [s for s in states if s not in terminals]),
         ),
         moves=moves_jsonb(m),
+        digest=machine_digest(m),
         caps=[
             CapContext(
                 event=event,
@@ -916,7 +988,7 @@ def schema(machine: Machine) -> Schema:
     if m.lease is not None:
         functions += [
             Function(n.heartbeat, (Parameter("id", id_type), Parameter("expected_version", "bigint")),
-                     "boolean", "plpgsql", body("heartbeat"), settings=_SEQSCAN_OFF),  # fmt: skip
+                     "boolean", "plpgsql", body("heartbeat"), attributes=_WRITER, settings=_SEQSCAN_OFF),  # fmt: skip
             Function(n.reclaim, (Parameter("older_than", "interval"), Parameter("actor", "text")),
                      f"SETOF {id_type}", "plpgsql", body("reclaim"), attributes=_WRITER),  # fmt: skip
         ]
@@ -941,7 +1013,8 @@ def schema(machine: Machine) -> Schema:
             "incident) still keep to the spec. Each trigger's column list or WHEN clause keeps",
             "from its function the writes its rule has nothing to say about.",
         )),  # fmt: skip
-        trigger_function(n.guard_update, body("guard_update"), comment=_GUARD_UPDATE),
+        Function(n.guard_update, (), "trigger", "plpgsql", body("guard_update"), attributes=_WRITER,
+                 settings=_SEQSCAN_OFF, comment=_GUARD_UPDATE),  # fmt: skip
         trigger_function(n.check_logged, body("check_logged"), *_SEQSCAN_OFF),
         trigger_function(n.check_event, body("check_event"), *_SEQSCAN_OFF),
         Function(n.append_only, (), "trigger", "plpgsql", body("append_only"),

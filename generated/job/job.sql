@@ -187,7 +187,7 @@ RETURN 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION job_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 5;
+RETURN 6;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -230,6 +230,11 @@ BEGIN
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
         SELECT t.state INTO v_from FROM jobs AS t WHERE t.id = job_apply.id;
+        IF job_fsmc_digest() OPERATOR(pg_catalog.<>) 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda' THEN
+            RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                MESSAGE = 'job_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
+                HINT = 'retry the transaction: it then runs under the new spec';
+        END IF;
         -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
         -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
         -- create, in an old `public`) over the built-in.
@@ -313,7 +318,7 @@ END
 $fsmc$;
 
 CREATE FUNCTION job_heartbeat(id uuid, expected_version bigint) RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
@@ -346,11 +351,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'job_reclaim: older_than and actor must not be NULL';
     END IF;
-    -- Zero or less would call every lease row stale, fresh heartbeats included.
-    IF job_reclaim.older_than <= interval '0' THEN
+    -- One that reaches no further back than now would call every lease row stale,
+    -- fresh heartbeats included.
+    IF pg_catalog.now() OPERATOR(pg_catalog.-) job_reclaim.older_than OPERATOR(pg_catalog.>=) pg_catalog.now() THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = pg_catalog.format('job_reclaim: older_than must be a positive interval, not %s',
-                                        job_reclaim.older_than),
+            MESSAGE = pg_catalog.format('job_reclaim: older_than must reach into the past, and %s does not (now() - older_than is %s)',
+                                        job_reclaim.older_than, pg_catalog.now() OPERATOR(pg_catalog.-) job_reclaim.older_than),
             HINT = 'pass the heartbeat age past which a worker counts as dead, e.g. interval ''30 seconds''';
     END IF;
     -- One statement. The locking scan carries the staleness predicate, and under READ
@@ -386,6 +392,11 @@ BEGIN
     SELECT m.id, m.state_version, m.from_state, 'reclaim', m.to_state, job_reclaim.actor
     FROM moved AS m
     RETURNING job_id;
+    IF job_fsmc_digest() OPERATOR(pg_catalog.<>) 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'job_reclaim: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
 END
 $fsmc$;
 
@@ -506,6 +517,11 @@ BEGIN
         )
         SELECT l.job_id, l.version FROM logged AS l;
     END IF;
+    IF job_fsmc_digest() OPERATOR(pg_catalog.<>) 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'job_claim: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
 END
 $fsmc$;
 
@@ -523,10 +539,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'job_purge: older_than and max_rows must not be NULL';
     END IF;
-    IF job_purge.older_than < interval '0' OR job_purge.max_rows < 0 THEN
+    IF job_purge.max_rows < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = pg_catalog.format('job_purge: older_than and max_rows must not be negative, not %s and %s',
-                                        job_purge.older_than, job_purge.max_rows);
+            MESSAGE = pg_catalog.format('job_purge: max_rows must be 0 or more, not %s',
+                                        job_purge.max_rows);
+    END IF;
+    IF pg_catalog.now() OPERATOR(pg_catalog.-) job_purge.older_than OPERATOR(pg_catalog.>=) pg_catalog.now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = pg_catalog.format('job_purge: older_than must reach into the past, and %s does not (now() - older_than is %s)',
+                                        job_purge.older_than, pg_catalog.now() OPERATOR(pg_catalog.-) job_purge.older_than),
+            HINT = 'pass how long a row must have rested in a purgeable state, e.g. interval ''30 days''';
     END IF;
     -- Terminal rows only, entered strictly before now() - older_than: a row that reached
     -- its terminal in this very transaction is never purged under the event it just got.
@@ -541,6 +563,11 @@ BEGIN
         LIMIT job_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ) AS d;
+    IF job_fsmc_digest() OPERATOR(pg_catalog.<>) 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'job_purge: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
@@ -560,6 +587,9 @@ CREATE FUNCTION job_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
+    IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"queued","claimed","running","paused","completed","failed","abandoned"}'::text[])) THEN
+        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
+    END IF;
     IF NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0 THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = pg_catalog.format('a job is born in state "queued" at version 0, not in state "%s" at version %s',
@@ -574,8 +604,11 @@ $fsmc$;
 -- WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for
 -- the session, and the spec's lists are the costly part.
 CREATE FUNCTION job_guard_update() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
+SET enable_seqscan = off
 AS $fsmc$
+DECLARE
+    v_lease text;
 BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"queued","claimed","running","paused","completed","failed","abandoned"}'::text[])) THEN
         RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
@@ -585,7 +618,17 @@ BEGIN
     END IF;
     IF NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
         AND (OLD.state || ' ' || NEW.state) = ANY ('{"queued claimed","claimed running","claimed queued","running queued","running completed","running failed","running paused","paused running","paused abandoned","failed queued","failed abandoned"}'::text[]) THEN
-        RETURN NEW;  -- along one of the spec's edges (none leaves a terminal)
+        -- Along one of the spec's edges (none leaves a terminal). Its times are the
+        -- database's, stamped here as the writer: the caller has no grant on them.
+        -- The claim columns follow the lease rule; the claimer is the session's role.
+        v_lease := CASE WHEN OLD.state = ANY ('{"claimed","running"}'::text[]) THEN CASE WHEN NEW.state = ANY ('{"claimed","running"}'::text[]) THEN 'stay' ELSE 'leave' END WHEN NEW.state = ANY ('{"claimed","running"}'::text[]) THEN 'enter' ELSE 'none' END;
+        UPDATE jobs AS t
+        SET entered_at = pg_catalog.now(),
+            claimed_by = CASE v_lease WHEN 'enter' THEN SESSION_USER::pg_catalog.text WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+            claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+            heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+        WHERE t.id = NEW.id;
+        RETURN NULL;
     END IF;
     IF OLD.state = ANY ('{"completed","abandoned"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
@@ -778,14 +821,16 @@ BEGIN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_reclaim","job_purge"}'::pg_catalog.text[])
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_heartbeat","job_reclaim","job_guard_update","job_purge"}'::pg_catalog.text[])
     LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_reclaim"}'::pg_catalog.text[]) THEN
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_heartbeat","job_reclaim","job_guard_update"}'::pg_catalog.text[]) THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
                                       v_schema, v_function.proname, v_function.args, v_role);
         END IF;
-        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                  v_schema, v_function.proname, v_function.args);
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_heartbeat","job_reclaim","job_purge"}'::pg_catalog.text[]) THEN
+            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                      v_schema, v_function.proname, v_function.args);
+        END IF;
     END LOOP;
 END
 $fsmc$;

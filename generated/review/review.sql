@@ -174,7 +174,7 @@ RETURN '8135004d6518294a1feb0ff3bd3480dbf59da7e93eb284f3e8b772b0ab5c8e88';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION review_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 5;
+RETURN 6;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -216,6 +216,11 @@ BEGIN
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
         SELECT t.state INTO v_from FROM reviews AS t WHERE t.id = review_apply.id;
+        IF review_fsmc_digest() OPERATOR(pg_catalog.<>) '8135004d6518294a1feb0ff3bd3480dbf59da7e93eb284f3e8b772b0ab5c8e88' THEN
+            RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                MESSAGE = 'review_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
+                HINT = 'retry the transaction: it then runs under the new spec';
+        END IF;
         -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
         -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
         -- create, in an old `public`) over the built-in.
@@ -404,6 +409,11 @@ BEGIN
         )
         SELECT l.review_id, l.version FROM logged AS l;
     END IF;
+    IF review_fsmc_digest() OPERATOR(pg_catalog.<>) '8135004d6518294a1feb0ff3bd3480dbf59da7e93eb284f3e8b772b0ab5c8e88' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'review_claim: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
 END
 $fsmc$;
 
@@ -421,10 +431,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'review_purge: older_than and max_rows must not be NULL';
     END IF;
-    IF review_purge.older_than < interval '0' OR review_purge.max_rows < 0 THEN
+    IF review_purge.max_rows < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = pg_catalog.format('review_purge: older_than and max_rows must not be negative, not %s and %s',
-                                        review_purge.older_than, review_purge.max_rows);
+            MESSAGE = pg_catalog.format('review_purge: max_rows must be 0 or more, not %s',
+                                        review_purge.max_rows);
+    END IF;
+    IF pg_catalog.now() OPERATOR(pg_catalog.-) review_purge.older_than OPERATOR(pg_catalog.>=) pg_catalog.now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = pg_catalog.format('review_purge: older_than must reach into the past, and %s does not (now() - older_than is %s)',
+                                        review_purge.older_than, pg_catalog.now() OPERATOR(pg_catalog.-) review_purge.older_than),
+            HINT = 'pass how long a row must have rested in a purgeable state, e.g. interval ''30 days''';
     END IF;
     -- Terminal rows only, entered strictly before now() - older_than: a row that reached
     -- its terminal in this very transaction is never purged under the event it just got.
@@ -439,6 +455,11 @@ BEGIN
         LIMIT review_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ) AS d;
+    IF review_fsmc_digest() OPERATOR(pg_catalog.<>) '8135004d6518294a1feb0ff3bd3480dbf59da7e93eb284f3e8b772b0ab5c8e88' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'review_purge: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
@@ -458,6 +479,9 @@ CREATE FUNCTION review_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
+    IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"draft","open","changes_requested","approved","merged","withdrawn"}'::text[])) THEN
+        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
+    END IF;
     IF NEW.state IS DISTINCT FROM 'draft' OR NEW.state_version IS DISTINCT FROM 0 THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = pg_catalog.format('a review is born in state "draft" at version 0, not in state "%s" at version %s',
@@ -472,7 +496,8 @@ $fsmc$;
 -- WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for
 -- the session, and the spec's lists are the costly part.
 CREATE FUNCTION review_guard_update() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
+SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"draft","open","changes_requested","approved","merged","withdrawn"}'::text[])) THEN
@@ -483,7 +508,12 @@ BEGIN
     END IF;
     IF NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
         AND (OLD.state || ' ' || NEW.state) = ANY ('{"draft open","open approved","open changes_requested","open open","changes_requested open","approved merged","draft withdrawn","open withdrawn","changes_requested withdrawn"}'::text[]) THEN
-        RETURN NEW;  -- along one of the spec's edges (none leaves a terminal)
+        -- Along one of the spec's edges (none leaves a terminal). Its times are the
+        -- database's, stamped here as the writer: the caller has no grant on them.
+        UPDATE reviews AS t
+        SET entered_at = pg_catalog.now()
+        WHERE t.id = NEW.id;
+        RETURN NULL;
     END IF;
     IF OLD.state = ANY ('{"merged","withdrawn"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
@@ -676,14 +706,16 @@ BEGIN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"review_apply","review_claim","review_purge"}'::pg_catalog.text[])
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"review_apply","review_claim","review_guard_update","review_purge"}'::pg_catalog.text[])
     LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"review_apply","review_claim"}'::pg_catalog.text[]) THEN
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"review_apply","review_claim","review_guard_update"}'::pg_catalog.text[]) THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
                                       v_schema, v_function.proname, v_function.args, v_role);
         END IF;
-        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                  v_schema, v_function.proname, v_function.args);
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"review_apply","review_claim","review_purge"}'::pg_catalog.text[]) THEN
+            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                      v_schema, v_function.proname, v_function.args);
+        END IF;
     END LOOP;
 END
 $fsmc$;

@@ -170,7 +170,7 @@ RETURN '1a9ea1e2a9f89f5313d634e87ff33cdd1ae5b4504cf1ffa11f49babff9894c07';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION runner_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 5;
+RETURN 6;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -212,6 +212,11 @@ BEGIN
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
         SELECT t.state INTO v_from FROM runners AS t WHERE t.id = runner_apply.id;
+        IF runner_fsmc_digest() OPERATOR(pg_catalog.<>) '1a9ea1e2a9f89f5313d634e87ff33cdd1ae5b4504cf1ffa11f49babff9894c07' THEN
+            RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                MESSAGE = 'runner_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
+                HINT = 'retry the transaction: it then runs under the new spec';
+        END IF;
         -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
         -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
         -- create, in an old `public`) over the built-in.
@@ -398,6 +403,11 @@ BEGIN
         )
         SELECT l.runner_id, l.version FROM logged AS l;
     END IF;
+    IF runner_fsmc_digest() OPERATOR(pg_catalog.<>) '1a9ea1e2a9f89f5313d634e87ff33cdd1ae5b4504cf1ffa11f49babff9894c07' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'runner_claim: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
 END
 $fsmc$;
 
@@ -415,10 +425,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'runner_purge: older_than and max_rows must not be NULL';
     END IF;
-    IF runner_purge.older_than < interval '0' OR runner_purge.max_rows < 0 THEN
+    IF runner_purge.max_rows < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = pg_catalog.format('runner_purge: older_than and max_rows must not be negative, not %s and %s',
-                                        runner_purge.older_than, runner_purge.max_rows);
+            MESSAGE = pg_catalog.format('runner_purge: max_rows must be 0 or more, not %s',
+                                        runner_purge.max_rows);
+    END IF;
+    IF pg_catalog.now() OPERATOR(pg_catalog.-) runner_purge.older_than OPERATOR(pg_catalog.>=) pg_catalog.now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = pg_catalog.format('runner_purge: older_than must reach into the past, and %s does not (now() - older_than is %s)',
+                                        runner_purge.older_than, pg_catalog.now() OPERATOR(pg_catalog.-) runner_purge.older_than),
+            HINT = 'pass how long a row must have rested in a purgeable state, e.g. interval ''30 days''';
     END IF;
     -- Terminal rows only, entered strictly before now() - older_than: a row that reached
     -- its terminal in this very transaction is never purged under the event it just got.
@@ -433,6 +449,11 @@ BEGIN
         LIMIT runner_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ) AS d;
+    IF runner_fsmc_digest() OPERATOR(pg_catalog.<>) '1a9ea1e2a9f89f5313d634e87ff33cdd1ae5b4504cf1ffa11f49babff9894c07' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'runner_purge: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
@@ -452,6 +473,9 @@ CREATE FUNCTION runner_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
+    IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"queued","running","succeeded","failed"}'::text[])) THEN
+        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
+    END IF;
     IF NEW.state IS DISTINCT FROM 'queued' OR NEW.state_version IS DISTINCT FROM 0 THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = pg_catalog.format('a runner is born in state "queued" at version 0, not in state "%s" at version %s',
@@ -466,7 +490,8 @@ $fsmc$;
 -- WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for
 -- the session, and the spec's lists are the costly part.
 CREATE FUNCTION runner_guard_update() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
+SET enable_seqscan = off
 AS $fsmc$
 BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"queued","running","succeeded","failed"}'::text[])) THEN
@@ -477,7 +502,12 @@ BEGIN
     END IF;
     IF NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
         AND (OLD.state || ' ' || NEW.state) = ANY ('{"queued running","running succeeded","running failed"}'::text[]) THEN
-        RETURN NEW;  -- along one of the spec's edges (none leaves a terminal)
+        -- Along one of the spec's edges (none leaves a terminal). Its times are the
+        -- database's, stamped here as the writer: the caller has no grant on them.
+        UPDATE runners AS t
+        SET entered_at = pg_catalog.now()
+        WHERE t.id = NEW.id;
+        RETURN NULL;
     END IF;
     IF OLD.state = ANY ('{"succeeded","failed"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
@@ -670,14 +700,16 @@ BEGIN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"runner_apply","runner_claim","runner_purge"}'::pg_catalog.text[])
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"runner_apply","runner_claim","runner_guard_update","runner_purge"}'::pg_catalog.text[])
     LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"runner_apply","runner_claim"}'::pg_catalog.text[]) THEN
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"runner_apply","runner_claim","runner_guard_update"}'::pg_catalog.text[]) THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
                                       v_schema, v_function.proname, v_function.args, v_role);
         END IF;
-        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                  v_schema, v_function.proname, v_function.args);
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"runner_apply","runner_claim","runner_purge"}'::pg_catalog.text[]) THEN
+            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                      v_schema, v_function.proname, v_function.args);
+        END IF;
     END LOOP;
 END
 $fsmc$;

@@ -183,7 +183,7 @@ RETURN 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION subscription_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 5;
+RETURN 6;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -226,6 +226,11 @@ BEGIN
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
         SELECT t.state INTO v_from FROM subscriptions AS t WHERE t.id = subscription_apply.id;
+        IF subscription_fsmc_digest() OPERATOR(pg_catalog.<>) 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2' THEN
+            RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                MESSAGE = 'subscription_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
+                HINT = 'retry the transaction: it then runs under the new spec';
+        END IF;
         -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
         -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
         -- create, in an old `public`) over the built-in.
@@ -428,6 +433,11 @@ BEGIN
         )
         SELECT l.subscription_id, l.version FROM logged AS l;
     END IF;
+    IF subscription_fsmc_digest() OPERATOR(pg_catalog.<>) 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'subscription_claim: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
 END
 $fsmc$;
 
@@ -445,10 +455,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'subscription_purge: older_than and max_rows must not be NULL';
     END IF;
-    IF subscription_purge.older_than < interval '0' OR subscription_purge.max_rows < 0 THEN
+    IF subscription_purge.max_rows < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = pg_catalog.format('subscription_purge: older_than and max_rows must not be negative, not %s and %s',
-                                        subscription_purge.older_than, subscription_purge.max_rows);
+            MESSAGE = pg_catalog.format('subscription_purge: max_rows must be 0 or more, not %s',
+                                        subscription_purge.max_rows);
+    END IF;
+    IF pg_catalog.now() OPERATOR(pg_catalog.-) subscription_purge.older_than OPERATOR(pg_catalog.>=) pg_catalog.now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = pg_catalog.format('subscription_purge: older_than must reach into the past, and %s does not (now() - older_than is %s)',
+                                        subscription_purge.older_than, pg_catalog.now() OPERATOR(pg_catalog.-) subscription_purge.older_than),
+            HINT = 'pass how long a row must have rested in a purgeable state, e.g. interval ''30 days''';
     END IF;
     -- Terminal rows only, entered strictly before now() - older_than: a row that reached
     -- its terminal in this very transaction is never purged under the event it just got.
@@ -463,6 +479,11 @@ BEGIN
         LIMIT subscription_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ) AS d;
+    IF subscription_fsmc_digest() OPERATOR(pg_catalog.<>) 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'subscription_purge: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
@@ -482,6 +503,9 @@ CREATE FUNCTION subscription_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
+    IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"incomplete","incomplete_expired","trialing","active","past_due","unpaid","paused","canceled"}'::text[])) THEN
+        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
+    END IF;
     IF NEW.state IS DISTINCT FROM 'incomplete' OR NEW.state_version IS DISTINCT FROM 0 THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = pg_catalog.format('a subscription is born in state "incomplete" at version 0, not in state "%s" at version %s',
@@ -502,7 +526,8 @@ $fsmc$;
 -- WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for
 -- the session, and the spec's lists are the costly part.
 CREATE FUNCTION subscription_guard_update() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
+SET enable_seqscan = off
 AS $fsmc$
 DECLARE
     v_bumped integer := 0;
@@ -548,7 +573,10 @@ BEGIN
                                  OLD.id, v_bumped),
                 DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
         END IF;
-        RETURN NEW;  -- along one of the spec's edges (none leaves a terminal)
+        -- Along one of the spec's edges (none leaves a terminal). Its times are the
+        -- database's, stamped here as the writer: the caller has no grant on them.
+        NEW.entered_at := pg_catalog.now();
+        RETURN NEW;
     END IF;
     IF OLD.state = ANY ('{"incomplete_expired","canceled"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
@@ -747,14 +775,16 @@ BEGIN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_purge"}'::pg_catalog.text[])
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_guard_update","subscription_purge"}'::pg_catalog.text[])
     LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim"}'::pg_catalog.text[]) THEN
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_guard_update"}'::pg_catalog.text[]) THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
                                       v_schema, v_function.proname, v_function.args, v_role);
         END IF;
-        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                  v_schema, v_function.proname, v_function.args);
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_purge"}'::pg_catalog.text[]) THEN
+            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                      v_schema, v_function.proname, v_function.args);
+        END IF;
     END LOOP;
 END
 $fsmc$;

@@ -186,7 +186,7 @@ RETURN '62e39537bf8f1c8467eb2d2d42d95a153440c00395e86b73993932370460177b';
 -- compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION task_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 5;
+RETURN 6;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -230,6 +230,11 @@ BEGIN
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
         SELECT t.state INTO v_from FROM tasks AS t WHERE t.id = task_apply.id;
+        IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '62e39537bf8f1c8467eb2d2d42d95a153440c00395e86b73993932370460177b' THEN
+            RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                MESSAGE = 'task_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
+                HINT = 'retry the transaction: it then runs under the new spec';
+        END IF;
         -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
         -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
         -- create, in an old `public`) over the built-in.
@@ -320,7 +325,7 @@ END
 $fsmc$;
 
 CREATE FUNCTION task_heartbeat(id text, expected_version bigint) RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
 #variable_conflict use_column
@@ -353,11 +358,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'task_reclaim: older_than and actor must not be NULL';
     END IF;
-    -- Zero or less would call every lease row stale, fresh heartbeats included.
-    IF task_reclaim.older_than <= interval '0' THEN
+    -- One that reaches no further back than now would call every lease row stale,
+    -- fresh heartbeats included.
+    IF pg_catalog.now() OPERATOR(pg_catalog.-) task_reclaim.older_than OPERATOR(pg_catalog.>=) pg_catalog.now() THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = pg_catalog.format('task_reclaim: older_than must be a positive interval, not %s',
-                                        task_reclaim.older_than),
+            MESSAGE = pg_catalog.format('task_reclaim: older_than must reach into the past, and %s does not (now() - older_than is %s)',
+                                        task_reclaim.older_than, pg_catalog.now() OPERATOR(pg_catalog.-) task_reclaim.older_than),
             HINT = 'pass the heartbeat age past which a worker counts as dead, e.g. interval ''30 seconds''';
     END IF;
     -- One statement. The locking scan carries the staleness predicate, and under READ
@@ -393,6 +399,11 @@ BEGIN
     SELECT m.id, m.state_version, m.from_state, 'fail', m.to_state, task_reclaim.actor
     FROM moved AS m
     RETURNING task_id;
+    IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '62e39537bf8f1c8467eb2d2d42d95a153440c00395e86b73993932370460177b' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'task_reclaim: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
 END
 $fsmc$;
 
@@ -517,6 +528,11 @@ BEGIN
         )
         SELECT l.task_id, l.version FROM logged AS l;
     END IF;
+    IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '62e39537bf8f1c8467eb2d2d42d95a153440c00395e86b73993932370460177b' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'task_claim: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
 END
 $fsmc$;
 
@@ -534,10 +550,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
             MESSAGE = 'task_purge: older_than and max_rows must not be NULL';
     END IF;
-    IF task_purge.older_than < interval '0' OR task_purge.max_rows < 0 THEN
+    IF task_purge.max_rows < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = pg_catalog.format('task_purge: older_than and max_rows must not be negative, not %s and %s',
-                                        task_purge.older_than, task_purge.max_rows);
+            MESSAGE = pg_catalog.format('task_purge: max_rows must be 0 or more, not %s',
+                                        task_purge.max_rows);
+    END IF;
+    IF pg_catalog.now() OPERATOR(pg_catalog.-) task_purge.older_than OPERATOR(pg_catalog.>=) pg_catalog.now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = pg_catalog.format('task_purge: older_than must reach into the past, and %s does not (now() - older_than is %s)',
+                                        task_purge.older_than, pg_catalog.now() OPERATOR(pg_catalog.-) task_purge.older_than),
+            HINT = 'pass how long a row must have rested in a purgeable state, e.g. interval ''30 days''';
     END IF;
     -- Terminal rows only, entered strictly before now() - older_than: a row that reached
     -- its terminal in this very transaction is never purged under the event it just got.
@@ -552,6 +574,11 @@ BEGIN
         LIMIT task_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ) AS d;
+    IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '62e39537bf8f1c8467eb2d2d42d95a153440c00395e86b73993932370460177b' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = 'task_purge: the schema was migrated to another spec while this call waited for it; nothing was changed',
+            HINT = 'retry the transaction: it then runs under the new spec';
+    END IF;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
@@ -571,6 +598,9 @@ CREATE FUNCTION task_guard_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $fsmc$
 BEGIN
+    IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[])) THEN
+        RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
+    END IF;
     IF NEW.state IS DISTINCT FROM 'new' OR NEW.state_version IS DISTINCT FROM 0 THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
             MESSAGE = pg_catalog.format('a task is born in state "new" at version 0, not in state "%s" at version %s',
@@ -591,10 +621,12 @@ $fsmc$;
 -- WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for
 -- the session, and the spec's lists are the costly part.
 CREATE FUNCTION task_guard_update() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
+SET enable_seqscan = off
 AS $fsmc$
 DECLARE
     v_bumped integer := 0;
+    v_lease text;
 BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"new","acquired","working","done","failed","dead"}'::text[])) THEN
         RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
@@ -637,7 +669,15 @@ BEGIN
                                  OLD.id, v_bumped),
                 DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
         END IF;
-        RETURN NEW;  -- along one of the spec's edges (none leaves a terminal)
+        -- Along one of the spec's edges (none leaves a terminal). Its times are the
+        -- database's, stamped here as the writer: the caller has no grant on them.
+        -- The claim columns follow the lease rule; the claimer is the session's role.
+        v_lease := CASE WHEN OLD.state = ANY ('{"acquired","working"}'::text[]) THEN CASE WHEN NEW.state = ANY ('{"acquired","working"}'::text[]) THEN 'stay' ELSE 'leave' END WHEN NEW.state = ANY ('{"acquired","working"}'::text[]) THEN 'enter' ELSE 'none' END;
+        NEW.entered_at := pg_catalog.now();
+        NEW.claimed_by := CASE v_lease WHEN 'enter' THEN SESSION_USER::pg_catalog.text WHEN 'leave' THEN NULL ELSE OLD.claimed_by END;
+        NEW.claimed_at := CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE OLD.claimed_at END;
+        NEW.heartbeat_at := CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE OLD.heartbeat_at END;
+        RETURN NEW;
     END IF;
     IF OLD.state = ANY ('{"done","dead"}'::text[]) THEN
         RAISE EXCEPTION USING ERRCODE = '23F04',
@@ -836,14 +876,16 @@ BEGIN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_apply","task_claim","task_reclaim","task_purge"}'::pg_catalog.text[])
+          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_apply","task_claim","task_heartbeat","task_reclaim","task_guard_update","task_purge"}'::pg_catalog.text[])
     LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_apply","task_claim","task_reclaim"}'::pg_catalog.text[]) THEN
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_apply","task_claim","task_heartbeat","task_reclaim","task_guard_update"}'::pg_catalog.text[]) THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
                                       v_schema, v_function.proname, v_function.args, v_role);
         END IF;
-        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                  v_schema, v_function.proname, v_function.args);
+        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_apply","task_claim","task_heartbeat","task_reclaim","task_purge"}'::pg_catalog.text[]) THEN
+            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
+                                      v_schema, v_function.proname, v_function.args);
+        END IF;
     END LOOP;
 END
 $fsmc$;
