@@ -26,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Iterable
@@ -121,6 +122,30 @@ def import_file(path: Path, name: str) -> types.ModuleType:
     finally:
         del sys.modules[name]
     return module
+
+
+# --- mypy ---------------------------------------------------------------------------
+
+
+def mypy_cache(kind: str) -> Path:
+    """A mypy cache that outlives the run, in the environment the tests run in (.venv
+    under tests/run.sh): the standard library and psycopg are analysed once, not by
+    every run of every test; mypy rechecks whatever changed (it compares each file's
+    hash and the options). `kind` keeps runs with different settings apart."""
+    home = Path(sys.prefix)
+    if not os.access(home, os.W_OK):
+        home = Path(tempfile.gettempdir())
+    return home / "fsmc-mypy-cache" / kind
+
+
+def mypy(*args: str | Path, cwd: Path, kind: str = "strict") -> subprocess.CompletedProcess[str]:
+    """`mypy --strict ARGS` in `cwd` (kind "strict"), or, kind "package", mypy with
+    the settings pyproject.toml gives it (run in the repository), using mypy_cache."""
+    strict = ["--strict"] if kind == "strict" else []
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", *strict, "--cache-dir", str(mypy_cache(kind)), *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
 
 
 # --- what a build wrote, judged target by target ---------------------------------------

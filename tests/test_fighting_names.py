@@ -29,6 +29,7 @@ from tests.harness import (
     expected_readme_tables,
     import_file,
     load_sql,
+    mypy,
     render_markdown,
     run_fsmc,
     writer_role,
@@ -138,11 +139,8 @@ def test_ruff_and_mypy_strict_pass(built: Path) -> None:
     assert ruff.returncode == 0, ruff.stdout + ruff.stderr
     folders = sorted(str(p) for p in built.iterdir() if p.name in
                      {"fight", "email", "queue", "types", "test", "enum", "typing", "uuid"})
-    mypy = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", *folders],
-        capture_output=True, text=True, cwd=built, timeout=300,
-    )  # fmt: skip
-    assert mypy.returncode == 0, mypy.stdout + mypy.stderr
+    done = mypy(*folders, cwd=built)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_real_mermaid_draws_every_name(built: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import GENERATED
+from tests.harness import mypy
 
 MACHINES = sorted(p.name for p in GENERATED.iterdir() if p.is_dir())
 
@@ -85,7 +86,7 @@ def test_the_generated_suites_pass_without_a_database(tmp_path: Path) -> None:
 
 def test_mypy_strict_passes_on_every_generated_file(tmp_path: Path) -> None:
     folders = [str(copy_machine(name, tmp_path)) for name in MACHINES]
-    done = run(sys.executable, "-m", "mypy", "--strict", "--no-incremental", *folders, cwd=tmp_path)
+    done = mypy(*folders, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT
+from tests.harness import mypy
 
 
 def test_ruff_passes_on_the_package_tests_and_benchmarks() -> None:
@@ -18,6 +19,5 @@ def test_ruff_passes_on_the_package_tests_and_benchmarks() -> None:
 
 
 def test_mypy_strict_passes_on_the_package() -> None:
-    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"],
-                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    done = mypy(cwd=ROOT, kind="package")
     assert done.returncode == 0, done.stdout + done.stderr

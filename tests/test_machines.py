@@ -22,6 +22,7 @@ from fsmc.pipeline import check
 from fsmc.source import read
 from fsmc.targets import generate
 from tests.conftest import SPECS as OUR_SPECS
+from tests.harness import mypy
 
 MACHINES = Path(__file__).resolve().parent / "machines"
 SPECS = sorted(MACHINES.glob("*.yaml"))
@@ -71,8 +72,7 @@ def test_every_machine_builds_and_its_generated_code_passes(tmp_path: Path) -> N
     folders = _build(tmp_path)
     done = _pytest(*folders, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
-    done = _run(sys.executable, "-m", "mypy", "--strict", "--no-incremental", *map(str, folders),
-                cwd=tmp_path)  # fmt: skip
+    done = mypy(*folders, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     done = _run(sys.executable, "-m", "ruff", "check", "--isolated", ".", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
