@@ -276,7 +276,9 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from fsmc import migrate, output
+    import dataclasses
+
+    from fsmc import migrate, output, source
 
     old, new = _checked(args.old), _checked(args.new)
     broken = [(arg, r) for arg, r in ((args.old, old), (args.new, new)) if not r.ok()]
@@ -287,8 +289,11 @@ def _migrate(args: argparse.Namespace) -> int:
         print(f"fsmc: nothing written: {names} {'has' if len(broken) == 1 else 'have'} errors",
               file=sys.stderr)  # fmt: skip
         return EXIT_ERRORS
+    # The script's header names each spec as `label` does (with its REV:, if any).
+    machines = [dataclasses.replace(r.machine, path=source.label(arg, r.machine.path))
+                for arg, r in ((args.old, old), (args.new, new))]  # fmt: skip
     try:
-        script = migrate.migrate(old.machine, new.machine, transaction=not args.no_transaction)
+        script = migrate.migrate(*machines, transaction=not args.no_transaction)
     except migrate.Unsupported as exc:
         raise Trouble(f"cannot migrate {args.old} to {args.new}: {exc}") from None
     if args.out is None:

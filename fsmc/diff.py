@@ -28,6 +28,14 @@ already had terminal, a choice losing a target or a single target becoming a
 choice, and adding or lowering a cap are breaking; additions, and a terminal that stops being one
 (it only gains transitions), are compatible.
 
+A change that is compatible for the database may still ask something of the rollout:
+`notes` says so, and is never a change. An added state is one: code built from OLD
+cannot read a row in it (the old module's `get()` raises `ValueError: unknown job
+state 'paused'`), so the new code goes out everywhere first and the migration after
+it (rows can enter the state only once the migration has run); where the same diff
+also needs the migration before the new code can read a row (a cap added, a table
+renamed), the state needs a release of its own first.
+
 Order is deterministic: added and retargeted items in NEW's spec order, removed
 items in OLD's spec order. `Changes.same` (no change, whatever the descriptions say)
 is what makes `fsmc diff` exit 0, as diff(1) does for equal files.
@@ -153,6 +161,16 @@ class Descriptions:
 
 
 @dataclass(frozen=True)
+class Note:
+    """What a change asks of a rollout beyond its `breaking` mark, about the named
+    items of one kind of change (`about`: `states.added`); never a change itself."""
+
+    about: str
+    names: tuple[str, ...]
+    text: str
+
+
+@dataclass(frozen=True)
 class Shape:
     """NEW as the comparison saw it (what a diagram of the result draws), in spec order."""
 
@@ -176,6 +194,7 @@ class Changes:
     choices: tuple[Choice, ...]
     options: tuple[Option, ...]
     descriptions: Descriptions
+    notes: tuple[Note, ...] = ()
 
     @property
     def count(self) -> int:
@@ -209,6 +228,8 @@ def compare(old: Machine, new: Machine) -> Changes:
     old_states, new_states = set(old.state_names), set(new.state_names)
     old_terminals, new_terminals = old.terminal_names, new.terminal_names
     old_table, new_table = old.targets, new.targets
+    options = _options(old, new)
+    added_states = tuple(s for s in new.state_names if s not in old_states)
     return Changes(
         machine=str(new.name),
         new=Shape(
@@ -218,7 +239,7 @@ def compare(old: Machine, new: Machine) -> Changes:
             new.edges,
         ),
         states=Names(
-            tuple(Name(s, False) for s in new.state_names if s not in old_states),
+            tuple(Name(s, False) for s in added_states),
             tuple(Name(s, True) for s in old.state_names if s not in new_states),
         ),
         events=Names(
@@ -250,9 +271,49 @@ def compare(old: Machine, new: Machine) -> Changes:
             if len(targets) == 1 == len(old_table.get((s, e), ())) and old_table[s, e] != targets
         ),
         choices=_choices(old_table, new_table),
-        options=_options(old, new),
+        options=options,
         descriptions=_descriptions(old, new),
+        notes=_added_state_note(str(new.name), added_states, options),
     )
+
+
+def _added_state_note(
+    machine: str, added: tuple[str, ...], options: tuple[Option, ...]
+) -> tuple[Note, ...]:
+    """The rollout an added state needs (see the module doc): compatible for the
+    database, not for code already deployed."""
+    if not added:
+        return ()
+    one = len(added) == 1
+    named = f"{'the new state' if one else 'the new states'} {_listed(added, 'or')}"
+    text = (
+        f"code built from the old spec cannot read a row in {named} (its get() raises "
+        f"ValueError: unknown {machine} state '{added[0]}'): roll out the new code "
+        "everywhere first, then the migration, which is what lets rows enter "
+        f"{'it' if one else 'them'}"
+    )
+    # The new code reads a new cap's count column and the tables by their new names,
+    # so those changes need the migration before the new code: the opposite order.
+    first = [
+        o.name
+        for o in options
+        if (o.name.startswith("caps.") and o.old is None)
+        or o.name in ("postgres.table", "postgres.events_table")
+    ]
+    if first:
+        text += (
+            f"; but {_listed(tuple(first), 'and')} {'needs' if len(first) == 1 else 'need'} "
+            "the migration before the new code can read a row, so release "
+            f"{'the new state' if one else 'the new states'} on {'its' if one else 'their'} "
+            "own first"
+        )
+    return (Note("states.added", added, text),)
+
+
+def _listed(names: tuple[str, ...], word: str) -> str:
+    """`'a'`, `'a' and 'b'`, `'a', 'b' and 'c'` (or with `or`)."""
+    quoted = [f"'{n}'" for n in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} {word} {quoted[-1]}"
 
 
 def _gained(

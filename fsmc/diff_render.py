@@ -1,15 +1,18 @@
 """Diff rendering: `Changes` -> the text `fsmc diff` prints, in one of three formats.
 
-    text      a summary line, then one line per change, BREAKING ones marked; ANSI
-              colour only when asked (the CLI asks when stdout is a TTY and NO_COLOR
-              is unset); reworded descriptions listed apart, as quoted literals
-    markdown  for a pull request: a bold summary line, a table of changes, a table
-              of reworded descriptions, and, when anything changed, a Mermaid
-              stateDiagram-v2 of NEW with the changes marked (removed transitions
-              and states drawn too)
+    text      a summary line, then one line per change, BREAKING ones marked, then
+              a `note:` line per note (what a rollout needs, e.g. for an added
+              state); ANSI colour only when asked (the CLI asks when stdout is a TTY
+              and NO_COLOR is unset); reworded descriptions listed apart, as quoted
+              literals
+    markdown  for a pull request: a bold summary line, a table of changes, a
+              **Note:** paragraph per note, a table of reworded descriptions, and,
+              when anything changed, a Mermaid stateDiagram-v2 of NEW with the
+              changes marked (removed transitions and states drawn too)
     json      one object: `states`, `events`, `terminals`, `transitions`, `initial`,
               `options`, `choices`, `breaking` and `descriptions` (contract
-              section 5's keys)
+              section 5's keys), then `notes`: a list of `{about, names, text}`
+              (`about` names the change list the note is about: `states.added`)
 
 Text and Markdown list changes in one order (`rows`): states, events, terminals,
 the initial state, transitions added, removed and retargeted, choices, then options; JSON
@@ -162,6 +165,8 @@ def as_text(changes: Changes, *, color: bool = False) -> str:
         if r.breaking:
             line += " " * (body_width - len(text)) + "  " + paint(_BOLD + _RED, "BREAKING")
         lines.append(line)
+    if changes.notes:
+        lines += [""] + [f"note: {n.text}" for n in changes.notes]
     described = description_rows(changes)
     if described:
         lines += ["", "descriptions changed (not changes to the machine):"]
@@ -191,6 +196,8 @@ def as_markdown(changes: Changes) -> str:
             impact = "**breaking**" if r.breaking else "compatible"
             out.append(f"| {r.kind} {r.action} | {what} | {impact} |")
         out.append("")
+    for n in changes.notes:
+        out += [f"**Note:** {md_text(n.text)}", ""]
     described = description_rows(changes)
     if described:
         out += [
@@ -336,6 +343,7 @@ def as_json(changes: Changes) -> str:
                 for x in d.transitions
             ],
         },
+        "notes": [{"about": n.about, "names": list(n.names), "text": n.text} for n in c.notes],
     }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 

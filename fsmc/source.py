@@ -49,6 +49,14 @@ def spec_root(arg: str) -> Path:
     return project_root(start) or Path.cwd()
 
 
+def label(arg: str, path: str) -> str:
+    """How a spec is named where two versions of it meet (a migration's header): the
+    header `path`, behind its git revision when `arg` read it from one, so that
+    `fsmc migrate HEAD~1:specs/job.yaml specs/job.yaml` does not say it migrates
+    from specs/job.yaml to specs/job.yaml."""
+    return path if _is_file(arg) else f"{arg.partition(':')[0]}:{path}"
+
+
 def project_root(start: Path) -> Path | None:
     """The nearest folder at or above `start` that holds `.git`, if any."""
     for folder in (start, *start.parents):

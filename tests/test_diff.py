@@ -205,7 +205,10 @@ def test_json_has_exactly_the_contract_keys() -> None:
             "choices",
             "breaking",
             "descriptions",
+            "notes",  # fsmc's own addition, after the contract's keys
         ]
+        for item in doc["notes"]:
+            assert list(item) == ["about", "names", "text"]
         for key in ("states", "events", "terminals"):
             assert list(doc[key]) == ["added", "removed"]
         assert list(doc["transitions"]) == ["added", "removed", "retargeted"]
@@ -456,3 +459,49 @@ def test_a_single_target_becoming_a_choice_adds_the_new_edge_in_every_format(fsm
     assert "| transition added | `in_review --decide--> rejected` | compatible |" in markdown
     assert "in_review --> rejected: decide (added)" in markdown
     assert "in_review --> approved: decide (choice, was approved)" in markdown
+
+
+def test_an_added_state_says_what_it_means_for_code_already_deployed(fsmc) -> None:  # type: ignore[no-untyped-def]
+    # Issue 23: compatible for the database, but the old module's get() raises
+    # ValueError on a row in the new state; the diff says so, and in which order
+    # to roll out code and migration.
+    folder = CASES / "added_state"
+    old, new = folder / "old.yaml", folder / "new.yaml"
+    c = changes_of("added_state")
+    assert not c.breaking and [n.name for n in c.states.added] == ["claimed"]
+    assert [(n.about, n.names) for n in c.notes] == [("states.added", ("claimed",))]
+    text = c.notes[0].text
+    assert "ValueError: unknown job state 'claimed'" in text
+    assert "roll out the new code everywhere first, then the migration" in text
+    assert f"\nnote: {text}\n" in fsmc("diff", old, new).out
+    assert f"\n**Note:** {text}\n" in fsmc("diff", old, new, "--format", "markdown").out
+    doc = json.loads(fsmc("diff", old, new, "--format", "json").out)
+    assert doc["notes"] == [{"about": "states.added", "names": ["claimed"], "text": text}]
+    # The notes are not changes: the count and the exit status are the same.
+    assert c.count == 4 and fsmc("diff", old, new).code == 1
+    # No state added, no note.
+    assert all(not changes_of(case).notes for case in FACTS if not changes_of(case).states.added)
+    assert json.loads(fsmc("diff", old, old, "--format", "json").out)["notes"] == []
+
+
+def test_an_added_state_beside_a_new_cap_is_released_on_its_own_first(tmp_path) -> None:
+    # A new cap's count column must exist before the new code reads a row: the
+    # opposite order from the added state's, so the note says to split the release.
+    folder = CASES / "added_state"
+    capped = (folder / "new.yaml").read_text() + "caps: {retry: 3}\n"
+    (tmp_path / "new.yaml").write_text(capped)
+    c = compare(machine(folder / "old.yaml"), machine(tmp_path / "new.yaml"))
+    (note,) = c.notes
+    assert note.text.endswith(
+        "; but 'caps.retry' needs the migration before the new code can read a row, so "
+        "release the new state on its own first"
+    )
+    two = capped.replace("  claimed: a worker reserved it\n", "  claimed: a worker reserved it\n  held:\n")
+    two = two.replace("  - {from: queued, event: claim, to: claimed}\n",
+                      "  - {from: queued, event: claim, to: [claimed, held]}\n"
+                      "  - {from: held, event: start, to: running}\n")  # fmt: skip
+    (tmp_path / "two.yaml").write_text(two)
+    (note,) = compare(machine(folder / "old.yaml"), machine(tmp_path / "two.yaml")).notes
+    assert note.names == ("claimed", "held")
+    assert note.text.startswith("code built from the old spec cannot read a row in the new states 'claimed' or 'held' ")
+    assert note.text.endswith("release the new states on their own first")

@@ -1116,6 +1116,7 @@ def test_cli_reads_old_from_git(fsmc: Any, tmp_path: Path, monkeypatch: pytest.M
     spec_path.write_text((CASES / "added_state" / "new.yaml").read_text())
     ran = fsmc("migrate", "HEAD:job.yaml", "job.yaml")
     assert ran.code == 0, ran
+    # The header names OLD with its revision (issue 23), NEW by its path.
     assert ran.out == migrate(spec("added_state"), spec("added_state", "new")).replace(
-        "tests/migrate_cases/added_state/old.yaml", "job.yaml").replace(
+        "tests/migrate_cases/added_state/old.yaml", "HEAD:job.yaml").replace(
         "tests/migrate_cases/added_state/new.yaml", "job.yaml")  # fmt: skip
