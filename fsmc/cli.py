@@ -3,8 +3,9 @@ exit codes.
 
 Exit status everywhere: 0 success, 1 the spec has errors (`graph` too, when it
 still draws a spec whose names resolve; or, for `build --check`, generated files
-are stale; for `diff`, the machines differ), 2 usage or I/O trouble. Input never produces a traceback: an exception that escapes a stage is
-our bug, and is reported as one (exit 3) with a request to file it.
+are stale; for `diff`, the machines differ), 2 usage or I/O trouble. Input never
+produces a traceback: an exception that escapes a stage is our bug, and is
+reported as one (exit 3) with a request to file it.
 """
 
 from __future__ import annotations
