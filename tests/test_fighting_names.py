@@ -32,6 +32,7 @@ from tests.harness import (
     mypy,
     render_markdown,
     run_fsmc,
+    run_pytest,
     writer_role,
 )
 from tests.mermaid_check import END, START, mermaid_blocks, parse_all
@@ -123,12 +124,7 @@ def test_no_module_shadows_the_standard_library(built: Path) -> None:
 
 
 def test_the_generated_suites_pass(built: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest",
-         "-p", "no:randomly", str(built)],
-        capture_output=True, text=True, cwd=built, timeout=300,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
+    done = run_pytest("-p", "no:randomly", built, cwd=built)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import GENERATED
-from tests.harness import mypy
+from tests.harness import mypy, run_pytest
 
 MACHINES = sorted(p.name for p in GENERATED.iterdir() if p.is_dir())
 
@@ -41,14 +41,7 @@ def copy_machine(name: str, tmp_path: Path) -> Path:
 def pytest_on(*folders: Path | str, cwd: Path | None = None, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
     """The generated suites of `folders` (and any further pytest arguments) run by
     pytest; their database part against `dsn` (None: FSMC_PG_DSN as this process has it)."""
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    if dsn is not None:
-        env["FSMC_PG_DSN"] = dsn
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "-p", "no:hypothesispytest", *map(str, folders)],
-        cwd=cwd or Path(folders[0]), capture_output=True, text=True, env=env,
-    )  # fmt: skip
+    return run_pytest(*folders, cwd=cwd or Path(folders[0]), dsn=dsn)
 
 
 def test_there_are_generated_machines() -> None:
@@ -184,8 +177,7 @@ def test_every_state_reachable_from_queued():
 def test_the_seeds_own_check_passes_unchanged_against_the_generated_module(tmp_path: Path) -> None:
     folder = copy_machine("job", tmp_path)
     (folder / "test_seed.py").write_text(textwrap.dedent(SEED_TEST))
-    done = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest",
-               "test_seed.py", cwd=folder)  # fmt: skip
+    done = run_pytest("test_seed.py", cwd=folder)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
 

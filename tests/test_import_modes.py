@@ -4,15 +4,13 @@ package inside the user's project, from the project's root."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import GENERATED
+from tests.harness import run_pytest
 
 MACHINE = "runner"  # the smallest example: each run imports and runs its suite
 
@@ -35,11 +33,6 @@ def layout(tmp_path: Path, where: str) -> tuple[Path, Path]:
 @pytest.mark.parametrize("mode", ["prepend", "append", "importlib"])
 def test_the_generated_suite_runs_in_every_import_mode(where: str, mode: str, tmp_path: Path) -> None:
     project, folder = layout(tmp_path, where)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         f"--import-mode={mode}", str(folder.relative_to(project))],
-        cwd=project, capture_output=True, text=True, check=False,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
+    done = run_pytest(f"--import-mode={mode}", folder.relative_to(project), cwd=project)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " error" not in done.stdout, done.stdout[-3000:]

@@ -48,6 +48,7 @@ from tests.harness import (
     load_sql,
     render_markdown,
     run_fsmc,
+    run_pytest,
     without_comment_lines,
     writer_role,
 )
@@ -163,12 +164,7 @@ def test_hostile_outputs_pass_ruff_real_mermaid_and_their_own_suites(tmp_path: P
     for (spec, _, _), result in zip(built, results, strict=True):
         assert result.is_state_diagram, (result.error, spec)
         assert sorted(result.state_labels) == sorted(spec["states"]), spec
-    suites = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest",
-         str(everything)],
-        capture_output=True, text=True, cwd=everything, timeout=300,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
+    suites = run_pytest(everything, cwd=everything)
     assert suites.returncode == 0, suites.stdout[-6000:]
 
 
@@ -272,9 +268,5 @@ def test_a_one_state_machine_gets_a_suite_that_passes(tmp_path: Path) -> None:
     spec = {"fsmc": 1, "machine": "single", "initial": "done", "states": ["done"],
             "terminals": ["done"], "events": ["poke"], "transitions": []}  # fmt: skip
     files = build(spec, tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest", "."],
-        capture_output=True, text=True, cwd=files["folder"], timeout=120,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
+    done = run_pytest(".", cwd=Path(files["folder"]))
     assert done.returncode == 0, done.stdout[-4000:]

@@ -22,7 +22,7 @@ from fsmc.pipeline import check
 from fsmc.source import read
 from fsmc.targets import generate
 from tests.conftest import SPECS as OUR_SPECS
-from tests.harness import mypy
+from tests.harness import mypy, run_pytest
 
 MACHINES = Path(__file__).resolve().parent / "machines"
 SPECS = sorted(MACHINES.glob("*.yaml"))
@@ -63,14 +63,9 @@ def _run(*argv: str, cwd: Path, dsn: str = "") -> subprocess.CompletedProcess[st
     )  # fmt: skip
 
 
-def _pytest(*args: str | Path, cwd: Path, dsn: str = "") -> subprocess.CompletedProcess[str]:
-    return _run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                *map(str, args), cwd=cwd, dsn=dsn)  # fmt: skip
-
-
 def test_every_machine_builds_and_its_generated_code_passes(tmp_path: Path) -> None:
     folders = _build(tmp_path)
-    done = _pytest(*folders, cwd=tmp_path)
+    done = run_pytest(*folders, cwd=tmp_path, dsn="")
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
     done = mypy(*folders, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -103,12 +98,10 @@ def test_graph_dot_draws_one_edge_per_choice_target() -> None:
     assert text.count('[label="withdraw"]') == 3  # the wildcard, expanded
 
 
-def test_transition_sends_to_by_name_and_only_when_given(pg_dsn: str, tmp_path: Path) -> None:
-    # Without `to`, transition() calls today's <machine>_apply unchanged; with it, it
-    # passes `to_state => ...` by name, so a schema whose function lacks the
-    # parameter says so by name (and one that has it takes it).
-    import psycopg
-
+def test_transition_picks_a_choices_target_and_refuses_an_unknown_one(pg_dsn: str, tmp_path: Path) -> None:
+    # transition() always passes every parameter of <machine>_apply, each cast to its
+    # type (contract 4.1: no overload can be a better match), `to_state` NULL unless
+    # `to` is given.
     from tests.pg_scratch import Scratch, machine_of, module_of
 
     machine = machine_of("task")
@@ -117,15 +110,14 @@ def test_transition_sends_to_by_name_and_only_when_given(pg_dsn: str, tmp_path: 
         module = module_of(machine, tmp_path)
         with scratch.connect() as conn:
             row_id = scratch.new_row(conn)
-            assert module.transition(conn, row_id, "acquire", expected_version=0, actor="t") == 1
-            try:
-                got = module.transition(conn, row_id, "begin", expected_version=1, actor="t", to="working")
-            except psycopg.errors.UndefinedFunction as error:
-                assert "to_state =>" in str(error), error
-            else:
-                assert got == 2
+            assert module.transition(conn, row_id, "acquire", expected_version=0, actor="t",
+                                     schema=scratch.schema) == 1  # fmt: skip
+            got = module.transition(conn, row_id, "begin", expected_version=1, actor="t", to="working",
+                                    schema=scratch.schema)  # fmt: skip
+            assert got == 2
             with pytest.raises(ValueError, match="'nowhere'"):
-                module.transition(conn, row_id, "begin", expected_version=1, actor="t", to="nowhere")
+                module.transition(conn, row_id, "begin", expected_version=1, actor="t", to="nowhere",
+                                  schema=scratch.schema)  # fmt: skip
     finally:
         scratch.drop()
 
@@ -148,6 +140,6 @@ def test_every_machines_generated_suite_passes_against_postgresql(tmp_path: Path
     # The database part of each generated suite: the .sql installs, every transition
     # and choice target moves a row, every other pair and every cap is refused.
     folders = _build(tmp_path)
-    done = _pytest("-rs", *folders, cwd=tmp_path, dsn=pg_dsn)
+    done = run_pytest("-rs", *folders, cwd=tmp_path, dsn=pg_dsn)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
     assert "skipped" not in done.stdout.splitlines()[-1], done.stdout[-3000:]
