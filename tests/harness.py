@@ -33,10 +33,15 @@ import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsmc.cli import main
 from fsmc.diagnostics import CODES
+
+if TYPE_CHECKING:  # the database helpers import psycopg when called: the core tests need no driver
+    import psycopg
+
+    from tests.pg_scratch import Scratch
 
 DIAGNOSTIC = re.compile(
     r"(?P<file>.+):(?P<line>[1-9][0-9]*):(?P<col>[1-9][0-9]*): (?P<severity>error|warning): "
@@ -351,6 +356,41 @@ CATALOG = {
         JOIN pg_class c ON c.oid = d.objoid WHERE c.relnamespace = %(ns)s::regnamespace
         ORDER BY 1, 2""",
 }
+
+
+def sqlstate_of(error: BaseException) -> str | None:
+    return getattr(error, "sqlstate", None)
+
+
+def refused(conn: psycopg.Connection[Any], query: bytes, params: tuple[Any, ...] = ()) -> psycopg.Error:
+    """Run `query`, expect the database to refuse it, roll back, return the error."""
+    import psycopg
+    import pytest
+
+    with pytest.raises(psycopg.Error) as raised:
+        conn.execute(query, params)
+    conn.rollback()
+    return raised.value
+
+
+def refused_at_commit(conn: psycopg.Connection[Any], *queries: tuple[bytes, tuple[Any, ...]]) -> psycopg.Error:
+    """Every statement passes; COMMIT is refused."""
+    import psycopg
+    import pytest
+
+    for query, params in queries:
+        conn.execute(query, params)
+    with pytest.raises(psycopg.Error) as raised:
+        conn.commit()
+    return raised.value
+
+
+def snapshot(db: Scratch, conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+    """Everything both tables of a scratch installation (tests/pg_scratch.py) hold, to
+    show a refused call changed nothing."""
+    rows = conn.execute(db.q("SELECT * FROM {table} ORDER BY id")).fetchall()
+    events = conn.execute(db.q("SELECT * FROM {events} ORDER BY {id_col}, version")).fetchall()
+    return tuple(rows), tuple(events)
 
 
 def writer_role(conn: Any, schema: str, function: str | None = None) -> str | None:

@@ -26,8 +26,7 @@ from fsmc.migrate import migrate
 from fsmc.model import Machine
 from fsmc.targets.sql import SCHEMA_FORMAT, Names
 from tests.conftest import ROOT
-from tests.pg_scratch import Scratch
-from tests.test_migrate import (
+from tests.migrating import (
     CATALOG,
     behaves_as_contract_4_2,
     built,
@@ -38,6 +37,7 @@ from tests.test_migrate import (
     refused_changing_nothing,
     spec,
 )
+from tests.pg_scratch import Scratch
 
 FORMAT1 = ROOT / "tests" / "format_cases" / "added_state_old.format1.sql"
 FORMAT2 = ROOT / "tests" / "format_cases" / "added_state_old.format2.sql"

@@ -23,8 +23,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from tests.harness import refused, sqlstate_of
 from tests.pg_scratch import LEASE_SPEC_NAMES, SPEC_NAMES, Scratch, machine_of
-from tests.test_postgres import refused, sqlstate_of
 
 
 def need(tool: str) -> str:
