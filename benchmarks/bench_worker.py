@@ -92,13 +92,14 @@ def fsmc_threads(dsn: str, schema: str, jobs: int, workers: int) -> float:
     def work(n: int) -> None:
         with psycopg.connect(dsn, options=options(schema), autocommit=True) as conn:
             while True:
-                claimed = job.claim(conn, job.Event.CLAIM, actor=f"t{n}")
+                claimed = job.claim(conn, job.Event.CLAIM, actor=f"t{n}", schema=schema)
                 if not claimed:
                     return
                 row = claimed[0]
-                version = job.transition(conn, row.id, job.Event.START,
-                                         expected_version=row.version, actor=f"t{n}")  # fmt: skip
-                job.transition(conn, row.id, job.Event.FINISH, expected_version=version, actor=f"t{n}")
+                version = job.transition(conn, row.id, job.Event.START, expected_version=row.version,
+                                         actor=f"t{n}", schema=schema)  # fmt: skip
+                job.transition(conn, row.id, job.Event.FINISH, expected_version=version, actor=f"t{n}",
+                               schema=schema)  # fmt: skip
                 done[n] += 1
 
     start = time.perf_counter()
@@ -120,14 +121,14 @@ async def fsmc_asyncio_run(dsn: str, schema: str, jobs: int, workers: int) -> fl
         async with await psycopg.AsyncConnection.connect(dsn, options=options(schema),
                                                          autocommit=True) as conn:  # fmt: skip
             while True:
-                claimed = await job.aclaim(conn, job.Event.CLAIM, actor=f"a{n}")
+                claimed = await job.aclaim(conn, job.Event.CLAIM, actor=f"a{n}", schema=schema)
                 if not claimed:
                     return
                 row = claimed[0]
-                version = await job.atransition(conn, row.id, job.Event.START,
-                                                expected_version=row.version, actor=f"a{n}")  # fmt: skip
+                version = await job.atransition(conn, row.id, job.Event.START, expected_version=row.version,
+                                                actor=f"a{n}", schema=schema)  # fmt: skip
                 await job.atransition(conn, row.id, job.Event.FINISH, expected_version=version,
-                                      actor=f"a{n}")  # fmt: skip
+                                      actor=f"a{n}", schema=schema)  # fmt: skip
                 done[n] += 1
 
     start = time.perf_counter()

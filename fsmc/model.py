@@ -83,6 +83,9 @@ class Postgres:
     events_table: Text
     id_type: str
     given: frozenset[str] = frozenset()  # the options the spec wrote (others are defaults)
+    # 1.2: the schema the generated module's calls name by default (the database itself
+    # is installed into whichever schema the installer's search_path names first).
+    schema: str = "public"
 
 
 @dataclass(frozen=True)
@@ -310,5 +313,7 @@ def _postgres(value: Any, machine: Text) -> Postgres:
     table = _name(options.get("table")) or Text(f"{machine}s", *machine.pos)
     events_table = _name(options.get("events_table")) or Text(f"{machine}_events", *machine.pos)
     id_type = options.get("id_type")
-    given = frozenset(k for k in ("table", "events_table", "id_type") if _name(options.get(k)))
-    return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid", given)
+    schema = _name(options.get("schema"))
+    given = frozenset(k for k in ("table", "events_table", "id_type", "schema") if _name(options.get(k)))
+    return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid", given,
+                    schema if schema is not None else "public")  # fmt: skip

@@ -30,7 +30,7 @@ TABLE_MAX = 63
 # generated module and holds this list to it.
 RESERVED_CAMEL = frozenset(
     {"State", "Event", "IllegalTransition", "CapReached", "Connection", "AsyncConnection",
-     "UnknownRow", "INITIAL", "TERMINAL", "TRANSITIONS", "CHOICES", "CAPS",
+     "UnknownRow", "INITIAL", "TERMINAL", "TRANSITIONS", "CHOICES", "CAPS", "SCHEMA",
      "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE", "UNKNOWN_ROW_SQLSTATE"}
 )  # fmt: skip
 # Built-ins a class of that name would shadow in the module, which catches KeyError,
@@ -110,7 +110,10 @@ def bad_name(m: Machine) -> Iterator[Diagnostic]:
             problem = _name_problem(d.name, NAME, NAME_MAX)
             if problem:
                 yield _at(m, d.name, codes.BAD_NAME, f"{kind} name '{d.name}' {problem}")
-    for key, table in (("table", m.postgres.table), ("events_table", m.postgres.events_table)):
+    names = [("table", m.postgres.table), ("events_table", m.postgres.events_table)]
+    if isinstance(m.postgres.schema, Text):
+        names.append(("schema", m.postgres.schema))
+    for key, table in names:
         if key not in m.postgres.given:
             continue  # derived from the machine name, whose own diagnostic says it all
         problem = _name_problem(table, TABLE, TABLE_MAX)

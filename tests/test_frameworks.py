@@ -40,22 +40,22 @@ def test_sqlalchemy_connection_and_session(db: Scratch, job: ModuleType) -> None
         # A Connection: hand the module its DB-API connection, `conn.connection`.
         with engine.connect() as conn:
             row_id = conn.execute(text("INSERT INTO jobs DEFAULT VALUES RETURNING id")).scalar_one()
-            (claimed,) = job.claim(conn.connection, "claim", actor="sa-worker")
+            (claimed,) = job.claim(conn.connection, "claim", actor="sa-worker", schema=db.schema)
             assert claimed == job.Job(row_id, job.State.CLAIMED, 1)
-            assert job.transition(conn.connection, row_id, "start", expected_version=1, actor="sa") == 2
+            assert job.transition(conn.connection, row_id, "start", expected_version=1, actor="sa", schema=db.schema) == 2
             conn.commit()
             with pytest.raises(job.IllegalTransition):
-                job.transition(conn.connection, row_id, "claim", expected_version=2, actor="sa")
+                job.transition(conn.connection, row_id, "claim", expected_version=2, actor="sa", schema=db.schema)
             conn.rollback()
         # A Session: the same, through `session.connection().connection`.
         with Session(engine) as session:
             raw = session.connection().connection
-            assert job.transition(raw, row_id, "finish", expected_version=2, actor="sa") == 3
+            assert job.transition(raw, row_id, "finish", expected_version=2, actor="sa", schema=db.schema) == 3
             session.commit()
-            assert job.get(session.connection().connection, row_id) == job.Job(row_id, job.State.COMPLETED, 3)
+            assert job.get(session.connection().connection, row_id, schema=db.schema) == job.Job(row_id, job.State.COMPLETED, 3)
             with pytest.raises(job.UnknownRow):
                 job.transition(session.connection().connection, __import__("uuid").uuid4(), "claim",
-                               expected_version=0, actor="sa")  # fmt: skip
+                               expected_version=0, actor="sa", schema=db.schema)  # fmt: skip
             session.rollback()
         with engine.connect() as conn:
             assert db.replay_problems(conn.connection.driver_connection) == []  # type: ignore[arg-type]
@@ -84,17 +84,17 @@ def test_django_connection_and_its_wrapped_errors(db: Scratch, job: ModuleType) 
             with connection.cursor() as cursor:
                 cursor.execute("INSERT INTO jobs DEFAULT VALUES RETURNING id")
                 (row_id,) = cursor.fetchone()
-            assert job.transition(connection, row_id, "claim", expected_version=0, actor="dj") == 1
-        assert job.get(connection, row_id) == job.Job(row_id, job.State.CLAIMED, 1)
+            assert job.transition(connection, row_id, "claim", expected_version=0, actor="dj", schema=db.schema) == 1
+        assert job.get(connection, row_id, schema=db.schema) == job.Job(row_id, job.State.CLAIMED, 1)
         # Django re-raises the driver's error as its own IntegrityError: still ours.
         with pytest.raises(job.IllegalTransition) as caught, transaction.atomic():
-            job.transition(connection, row_id, "finish", expected_version=1, actor="dj")
+            job.transition(connection, row_id, "finish", expected_version=1, actor="dj", schema=db.schema)
         assert isinstance(caught.value.__cause__, IntegrityError)
         assert caught.value.state is job.State.CLAIMED
         with pytest.raises(job.UnknownRow), transaction.atomic():
-            job.transition(connection, __import__("uuid").uuid4(), "claim", expected_version=0, actor="dj")
+            job.transition(connection, __import__("uuid").uuid4(), "claim", expected_version=0, actor="dj", schema=db.schema)
         with transaction.atomic():
-            assert [r.id for r in job.claim(connection, "claim", actor="dj")] == []
+            assert [r.id for r in job.claim(connection, "claim", actor="dj", schema=db.schema)] == []
     finally:
         connection.close()
 

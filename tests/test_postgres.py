@@ -972,19 +972,19 @@ def test_the_modules_transition_calls_apply_and_maps_its_answers(db: Scratch, tm
     with db.connect() as conn:
         row_id, version = db.row_at(conn, source_state)
         assert module.transition(conn, row_id, module.Event(event), expected_version=version,
-                                 actor="py", payload={"why": "test"}) == version + 1  # fmt: skip
+                                 actor="py", payload={"why": "test"}, schema=db.schema) == version + 1  # fmt: skip
         conn.rollback()  # it never commits: rolling back undoes it
         assert db.row(conn, row_id) == (source_state, version)
-        assert module.transition(conn, row_id, event, expected_version=version + 5, actor="py") is None
+        assert module.transition(conn, row_id, event, expected_version=version + 5, actor="py", schema=db.schema) is None
         with pytest.raises(module.IllegalTransition) as raised:
-            module.transition(conn, row_id, illegal, expected_version=version, actor="py")
+            module.transition(conn, row_id, illegal, expected_version=version, actor="py", schema=db.schema)
         conn.rollback()
         assert raised.value.state is module.State(source_state)
         assert raised.value.event is module.Event(illegal)
         assert isinstance(raised.value.__cause__, psycopg.IntegrityError)
         with pytest.raises(ValueError, match="no_such_event"):
-            module.transition(conn, row_id, "no_such_event", expected_version=version, actor="py")
-        assert module.transition(conn, row_id, event, expected_version=version, actor="py") == version + 1
+            module.transition(conn, row_id, "no_such_event", expected_version=version, actor="py", schema=db.schema)
+        assert module.transition(conn, row_id, event, expected_version=version, actor="py", schema=db.schema) == version + 1
         conn.commit()
         assert db.events_of(conn, row_id)[-1] == (version + 1, source_state, event, target, "py")
 

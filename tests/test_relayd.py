@@ -40,7 +40,7 @@ def test_relayd_under_chaos_loses_nothing_and_does_nothing_twice(db: Scratch) ->
     async def admin() -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(db.dsn, options=options)
 
-    settings = r.Settings(workers=8, lease=timedelta(seconds=3), beat=0.1, work=(0.0, 0.05),
+    settings = r.Settings(schema=db.schema, workers=8, lease=timedelta(seconds=3), beat=0.1, work=(0.0, 0.05),
                           fail_rate=0.15, max_tries=2, keep=timedelta(days=1), chaos=0.15,
                           quiet=True)  # fmt: skip
     pool = asyncio.run(asyncio.wait_for(r.run(app, 300, settings, admin=admin), timeout=120))

@@ -209,7 +209,7 @@ def test_a_pooled_session_with_a_leftover_temp_table_changes_nothing(db: Scratch
         pooled.commit()
         walk = path_to(m, target)
         for version, event in enumerate(walk):
-            got = module.transition(pooled, row_id, event, expected_version=version, actor="client2")
+            got = module.transition(pooled, row_id, event, expected_version=version, actor="client2", schema=db.schema)
             assert got == version + 1
             pooled.commit()
         assert [e[2] for e in real_events(db, pooled, row_id)] == walk
@@ -436,3 +436,301 @@ def test_reclaim_refuses_a_zero_or_negative_interval(pg_dsn: str, name: str) -> 
             assert db.row(app, row_id) == (str(db.machine.lease.states[0]), version)
     finally:
         db.drop()
+
+
+# --- What the rows say is the database's (issue 19) ---------------------------------------
+
+
+def test_an_id_cannot_be_rewritten_so_a_finished_row_gets_no_fresh_life(db: Scratch) -> None:
+    # T1: renaming a finished row's id away and a fresh row's id to it would make one
+    # job finish twice (and, with caps, give a spent budget a fresh count).
+    m = db.machine
+    terminal = next(s for s in m.state_names if s in m.terminal_names)
+    with db.connect() as app:
+        done_id, _ = db.row_at(app, terminal)
+        fresh = db.new_row(app)
+        app.commit()
+        before = snapshot_rows(db, app)
+        for write, params in (("UPDATE {table} SET id = %s WHERE id = %s", (fresh, done_id)),
+                              ("UPDATE {table} SET id = id WHERE id = %s", (fresh,)),
+                              ("UPDATE {table} SET created_at = now() - interval '1 day' WHERE id = %s", (fresh,))):  # fmt: skip
+            assert sqlstate_of(refused(app, db.q(write), params)) == "42501", write
+        assert snapshot_rows(db, app) == before
+
+
+def test_no_time_is_the_callers_choice(db: Scratch) -> None:
+    # entered_at in 1970 would purge a just-finished row at once; an INSERT dated
+    # -infinity would jump every queue; an event row dated 2100 would show a stay of a
+    # century in the intervals view; heartbeat_at = 'infinity' would hold a dead
+    # worker's lease forever, and NULL would let a live one be reclaimed.
+    m = db.machine
+    terminal = next(s for s in m.state_names if s in m.terminal_names)
+    text_id = m.postgres.id_type == "text"
+    with db.connect() as app:
+        done_id, version = db.row_at(app, terminal)
+        before = snapshot_rows(db, app)
+        forged = [
+            ("UPDATE {table} SET entered_at = '1970-01-01' WHERE id = %s", (done_id,)),
+            ("INSERT INTO {table} (id, entered_at) VALUES ('forged', '-infinity')" if text_id
+             else "INSERT INTO {table} (entered_at) VALUES ('-infinity')", ()),
+            ("INSERT INTO {table} (id, created_at) VALUES ('forged', '-infinity')" if text_id
+             else "INSERT INTO {table} (created_at) VALUES ('-infinity')", ()),
+            ("INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor, at)"
+             " SELECT {id_col}, version + 1, to_state, 'x', to_state, 'x', '2100-01-01'"
+             " FROM {events} WHERE {id_col} = %s AND version = %s", (done_id, version)),
+        ]  # fmt: skip
+        if m.lease is not None:
+            for value in ("'infinity'", "NULL", "now()"):
+                forged.append((f"UPDATE {{table}} SET heartbeat_at = {value} WHERE id = %s", (done_id,)))
+            forged.append(("UPDATE {table} SET claimed_at = now(), claimed_by = 'x' WHERE id = %s", (done_id,)))
+        for cap in m.caps:  # a count only moves with its event (the guard), never by hand alone
+            column = sql_target.count_column(cap.event)
+            forged.append((f"UPDATE {{table}} SET {column} = {column} + 1 WHERE id = %s", (done_id,)))
+        for write, params in forged:
+            error = refused(app, db.q(write), params)
+            assert sqlstate_of(error) in ("42501", sqlstate.BYPASS_WRITE), (write, error)
+        assert snapshot_rows(db, app) == before
+        assert app.execute(db.q("SELECT {purge}('30 days', 1000)")).fetchone() == (0,)
+        app.commit()
+        assert db.row(app, done_id)[0] == terminal
+
+
+def test_a_move_by_hand_is_stamped_with_the_databases_times(db: Scratch) -> None:
+    # The guard stamps entered_at (and, into or out of a lease, the claim columns) on a
+    # direct move along an edge: the event log and the row agree on when it happened.
+    m = db.machine
+    held = set(m.lease.states) if m.lease else set()
+    for source, event, target in {(s, e, t) for s, e, t in m.edges if s != t}:
+        with db.connect() as app:
+            row_id, version = db.row_at(app, source)
+            if held:  # the worker that held it, a while ago
+                db.as_owner("UPDATE {table} SET claimed_by = 'w', claimed_at = now() - interval '1 hour',"
+                            " heartbeat_at = now() - interval '1 hour', entered_at = now() - interval '1 hour'"
+                            " WHERE id = %s", (row_id,))  # fmt: skip
+            app.execute(db.q("UPDATE {table} SET state = %s, state_version = state_version + 1"
+                             + "".join(f", {sql_target.count_column(c.event)} = {sql_target.count_column(c.event)} + 1"
+                                       for c in m.caps if c.event == event) + " WHERE id = %s"),
+                        (target, row_id))  # fmt: skip
+            app.execute(db.q("INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"
+                             " VALUES (%s, %s, %s, %s, %s, 'operator')"), (row_id, version + 1, source, event, target))  # fmt: skip
+            now = app.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+            app.commit()
+            got = app.execute(db.q("SELECT entered_at FROM {table} WHERE id = %s"), (row_id,)).fetchone()
+            at = app.execute(db.q("SELECT at FROM {events} WHERE {id_col} = %s AND version = %s"),
+                             (row_id, version + 1)).fetchone()  # fmt: skip
+            assert got == (now,) and at == (now,), (source, event, target)
+            if held:
+                claim = app.execute(db.q("SELECT claimed_by, claimed_at, heartbeat_at FROM {table} WHERE id = %s"),
+                                    (row_id,)).fetchone()  # fmt: skip
+                if target in held and source not in held:
+                    assert claim == (db.app_role, now, now), (source, target)
+                elif target in held:
+                    assert claim is not None and claim[0] == "w" and claim[2] == now, (source, target)
+                elif source in held:
+                    assert claim == (None, None, None), (source, target)
+            assert db.replay_problems(app) == []
+
+
+def test_a_row_born_with_a_misspelled_or_missing_state_gets_the_checks_own_answer(db: Scratch) -> None:
+    # NOT NULL and the state CHECK answer first (23502, 23514), as the README orders
+    # them, not the guard that refuses a row born outside its initial state (23F04).
+    text_id = db.machine.postgres.id_type == "text"
+    insert = "INSERT INTO {table} (id, state) VALUES ('born', %s)" if text_id else "INSERT INTO {table} (state) VALUES (%s)"
+    with db.connect() as app:
+        assert sqlstate_of(refused(app, db.q(insert), (str(db.machine.initial).capitalize(),))) == "23514"
+        assert sqlstate_of(refused(app, db.q(insert), (None,))) == "23502"
+
+
+@pytest.mark.parametrize("name", LEASE_SPEC_NAMES)
+def test_an_interval_is_judged_by_the_time_it_reaches_back_to(pg_dsn: str, name: str) -> None:
+    # '-1 year +361 days' is "positive" (PostgreSQL's months are 30 days) but reaches 4
+    # days ahead: it reclaimed a lease 0.01 s old, and purged a row that finished in
+    # the same transaction.
+    db = Scratch.create(pg_dsn, machine_of(name))
+    try:
+        m = db.machine
+        assert m.lease is not None
+        terminal = next(s for s in m.state_names if s in m.terminal_names)
+        with db.connect() as app:
+            held_id, held_version = db.row_at(app, str(m.lease.states[0]))
+            done_id, _ = db.row_at(app, terminal)
+            assert app.execute(db.q("SELECT '-1 year +361 days'::interval > interval '0'")).fetchone() == (True,)
+            for call in ("SELECT {reclaim}(%s::interval, 'supervisor')", "SELECT {purge}(%s::interval, 100)"):
+                for interval in ("-1 year +361 days", "0", "1 month -31 days"):
+                    error = refused(app, db.q(call), (interval,))
+                    assert sqlstate_of(error) == "22023", (call, interval, error)
+                    assert "must reach into the past" in str(error)
+            assert db.row(app, held_id) == (str(m.lease.states[0]), held_version)
+            assert db.row(app, done_id)[0] == terminal
+    finally:
+        db.drop()
+
+
+def test_the_module_names_its_schema_and_types_so_no_overload_redirects_it(pg_dsn: str, tmp_path: Path) -> None:
+    # Another role that may create in a schema on the connection's search_path (here
+    # `public`, ahead of the install schema) plants functions named like ours, taking a
+    # smallint (what psycopg sends for a small int) or the exact types, and a table
+    # named like ours. The module names the install schema and casts every argument:
+    # none of it is ever reached.
+    machine = machine_of("job")
+    db = Scratch.create(pg_dsn, machine)
+    evil = f"fsmc_evil_{uuid.uuid4().hex[:12]}"
+    module = module_of(machine, tmp_path)
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(evil)))
+            admin.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(evil)))
+        with psycopg.connect(pg_dsn, user=evil, autocommit=True) as attacker:
+            for args in ("uuid, text, smallint, text, jsonb", "uuid, text, bigint, text, jsonb",
+                         "uuid, text, bigint, text, jsonb, text"):  # fmt: skip
+                attacker.execute(f"CREATE FUNCTION public.job_apply({args}) RETURNS bigint LANGUAGE sql"
+                                 " AS 'SELECT 999::bigint'")  # fmt: skip
+            for args in ("uuid, smallint", "uuid, bigint"):
+                attacker.execute(f"CREATE FUNCTION public.job_heartbeat({args}) RETURNS boolean LANGUAGE sql"
+                                 " AS 'SELECT true'")  # fmt: skip
+            attacker.execute("CREATE FUNCTION public.job_claim(text, text, integer, text)"
+                             " RETURNS TABLE (id uuid, state_version bigint) LANGUAGE sql"
+                             " AS 'SELECT gen_random_uuid(), 999::bigint'")  # fmt: skip
+            attacker.execute("CREATE TABLE public.jobs (id uuid, state text, state_version bigint)")
+            attacker.execute("GRANT SELECT ON public.jobs TO PUBLIC")
+        options = f"-c search_path=public,{db.schema} {TIMEOUTS}"
+        with psycopg.connect(pg_dsn, user=db.app_role, options=options) as app:
+            row_id = app.execute(db.q(f"INSERT INTO {db.schema}.{{table}} DEFAULT VALUES RETURNING id")).fetchone()[0]  # type: ignore[index]
+            app.commit()
+            with psycopg.connect(pg_dsn, user=evil, autocommit=True) as attacker:  # a completed look-alike
+                attacker.execute("INSERT INTO public.jobs VALUES (%s, 'completed', 7)", (row_id,))
+            (claimed,) = module.claim(app, "claim", actor="w", schema=db.schema)
+            assert claimed == module.Job(row_id, module.State.CLAIMED, 1)
+            assert module.transition(app, row_id, "start", expected_version=1, actor="w", schema=db.schema) == 2
+            assert module.heartbeat(app, row_id, expected_version=1, schema=db.schema) is False  # stale
+            assert module.heartbeat(app, row_id, expected_version=2, schema=db.schema) is True
+            assert module.get(app, row_id, schema=db.schema) == module.Job(row_id, module.State.RUNNING, 2)
+            app.commit()
+            assert real_events(db, app, row_id) == [(1, "queued", "claim", "claimed", "w"),
+                                                    (2, "claimed", "start", "running", "w")]  # fmt: skip
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(evil)))
+        db.drop()
+
+
+def test_a_call_that_waited_behind_a_migration_cannot_write_under_the_old_rules(pg_dsn: str) -> None:
+    # A reader holds jobs; `fsmc migrate` (adding a retry cap of 2) queues for its lock;
+    # a job_apply(.., 'retry', ..) queues behind it, its old body already compiled.
+    # When the migration commits, that call runs on: it must refuse (40001), not log a
+    # third retry that no trigger checks (it runs as the writer).
+    import threading
+    import time
+
+    old, new = tm.spec("caps_added"), tm.spec("caps_added", "new")
+    db = Scratch.create(pg_dsn, old)
+    try:
+        with db.connect() as app:
+            row_id = db.new_row(app)
+            version = 0
+            for event in ["claim", "start", "error", "retry"] * 2 + ["claim", "start", "error"]:
+                version = db.apply(app, row_id, event, version) or -1
+            app.commit()
+            assert db.row(app, row_id) == ("failed", 11)
+        script = tm.migrate(old, new)
+        reader = db.connect()
+        reader.execute(db.q("SELECT count(*) FROM {table}"))  # holds ACCESS SHARE until it ends
+        caller = db.connect()
+        caller_pid = caller.info.backend_pid
+        results: dict[str, Any] = {}
+
+        def migration() -> None:
+            results["migrate"] = tm.psql(db, script)
+
+        def late_call() -> None:
+            try:
+                results["apply"] = db.apply(caller, row_id, "retry", 11, actor="late")
+                caller.commit()
+            except psycopg.Error as error:
+                results["apply"] = error
+                caller.rollback()
+
+        migrating = threading.Thread(target=migration)
+        migrating.start()
+        with db.superuser(autocommit=True) as su:
+            def waiting(query: str) -> bool:
+                return bool(su.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                       " AND query LIKE %s", (query,)).fetchone()[0])  # type: ignore[index]
+
+            for _ in range(300):
+                if waiting("%LOCK TABLE%") or waiting("%DO $fsmc$%"):
+                    break
+                time.sleep(0.02)
+            calling = threading.Thread(target=late_call)
+            calling.start()
+            for _ in range(300):
+                row = su.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                 (caller_pid,)).fetchone()  # fmt: skip
+                if row is not None and row[0] == "Lock":
+                    break
+                time.sleep(0.02)
+            else:
+                raise AssertionError("the late call never queued behind the migration")
+        reader.rollback()  # the migration goes through, then the queued call runs on
+        migrating.join(60)
+        calling.join(60)
+        assert results["migrate"].returncode == 0, results["migrate"].stderr
+        assert isinstance(results["apply"], psycopg.Error), results["apply"]
+        assert sqlstate_of(results["apply"]) == "40001", results["apply"]
+        assert "migrated" in str(results["apply"])
+        with db.connect() as app:
+            assert db.row(app, row_id) == ("failed", 11)
+            retries = [e for e in db.events_of(app, row_id) if e[2] == "retry"]
+            assert len(retries) == 2
+            # Retried, the call runs under the new spec: the cap of 2 is spent.
+            error = refused(app, db.q("SELECT {apply}(%s, 'retry', 11, 'late')"), (row_id,))
+            assert sqlstate_of(error) == sqlstate.CAP_REACHED, error
+        reader.close()
+        caller.close()
+    finally:
+        db.drop()
+
+
+def test_a_no_transaction_script_run_outside_a_transaction_changes_nothing(pg_dsn: str) -> None:
+    # `fsmc migrate --no-transaction` run with plain `psql -f` (autocommit, and no
+    # ON_ERROR_STOP: psql goes on past errors): it refuses at its first statement, and
+    # every later statement fails too, in a session left read-only.
+    import shutil
+    import subprocess
+
+    from fsmc.migrate import migrate
+
+    old, new = tm.spec("caps_added"), tm.spec("caps_added", "new")
+    db = Scratch.create(pg_dsn, old)
+    try:
+        before = tm.catalog(db).objects
+        script = migrate(old, new, transaction=False)
+        assert shutil.which("psql") is not None
+        conninfo = make_conninfo(db.dsn, user=db.role, options=f"-c search_path={db.schema}")
+        ran = subprocess.run(["psql", "-X", "-q", "-f", "-", conninfo], input=script,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        first_error = next(line for line in ran.stderr.splitlines() if "ERROR" in line)
+        assert "--no-transaction and runs outside a transaction; nothing was changed" in first_error, ran.stderr
+        assert tm.catalog(db).objects == before
+        with db.owner() as owner:
+            assert owner.execute("SELECT job_fsmc_digest()").fetchone()[0] != ""  # type: ignore[index]
+            digest = owner.execute("SELECT job_fsmc_digest()").fetchone()
+        from fsmc.digest import machine_digest
+
+        assert digest == (machine_digest(old),)
+        # Inside a transaction (BEGIN sent first, as drivers do), the same script runs.
+        ran = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", "BEGIN", "-f", "-",
+                              "-c", "COMMIT", conninfo], input=script, capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
+        assert ran.returncode == 0 and "ERROR" not in ran.stderr, ran.stderr
+        with db.owner() as owner:
+            assert owner.execute("SELECT job_fsmc_digest()").fetchone() == (machine_digest(new),)
+    finally:
+        db.drop()
+
+
+def snapshot_rows(db: Scratch, conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    """Every row of both tables, every column, in a stable order."""
+    rows = conn.execute(db.q("SELECT t::text FROM {table} AS t ORDER BY 1")).fetchall()
+    events = conn.execute(db.q("SELECT e::text FROM {events} AS e ORDER BY 1")).fetchall()
+    return [*rows, *events]

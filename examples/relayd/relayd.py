@@ -56,6 +56,7 @@ Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
 
 @dataclass
 class Settings:
+    schema: str = "relayd"  # where job.sql is installed: every generated call names it
     workers: int = 8
     lease: timedelta = timedelta(seconds=3)  # a heartbeat older than this: the worker is dead
     beat: float = 0.2  # seconds between heartbeats
@@ -87,13 +88,13 @@ async def work_one(pool: Pool, conn: psycopg.AsyncConnection[Any], name: str) ->
     """Claim, start, run with heartbeats, finish or error one job; False: queue empty."""
     s = pool.settings
     async with conn.transaction():
-        claimed = await job.aclaim(conn, job.Event.CLAIM, actor=name)
+        claimed = await job.aclaim(conn, job.Event.CLAIM, actor=name, schema=s.schema)
     if not claimed:
         return False
     row = claimed[0]
     async with conn.transaction():
-        version = await job.atransition(conn, row.id, job.Event.START,
-                                        expected_version=row.version, actor=name)  # fmt: skip
+        version = await job.atransition(conn, row.id, job.Event.START, expected_version=row.version,
+                                        actor=name, schema=s.schema)  # fmt: skip
     if version is None:
         pool.say(name, f"lost {row.id} before start (reclaimed)")
         return True
@@ -102,14 +103,14 @@ async def work_one(pool: Pool, conn: psycopg.AsyncConnection[Any], name: str) ->
     while (left := deadline - asyncio.get_running_loop().time()) > 0:
         await asyncio.sleep(min(left, s.beat))
         async with conn.transaction():
-            alive = await job.aheartbeat(conn, row.id, expected_version=version)
+            alive = await job.aheartbeat(conn, row.id, expected_version=version, schema=s.schema)
         if not alive:
             pool.say(name, f"lost {row.id} while running (reclaimed)")
             return True
     event = job.Event.ERROR if random.random() < s.fail_rate else job.Event.FINISH
     async with conn.transaction():
         done = await job.atransition(conn, row.id, event, expected_version=version, actor=name,
-                                     payload={"worker": name})  # fmt: skip
+                                     payload={"worker": name}, schema=s.schema)  # fmt: skip
     if done is None:
         pool.say(name, f"lost {row.id} at the end (reclaimed)")
     else:
@@ -150,7 +151,7 @@ async def supervise(pool: Pool, conn: psycopg.AsyncConnection[Any]) -> None:
     """One round: reclaim stale leases, retry or abandon failed jobs, purge old ones."""
     s = pool.settings
     async with conn.transaction():
-        for row_id in await job.areclaim(conn, older_than=s.lease, actor="supervisor"):
+        for row_id in await job.areclaim(conn, older_than=s.lease, actor="supervisor", schema=s.schema):
             pool.say("supervisor", f"reclaimed {row_id} (stale heartbeat)")
     async with conn.transaction():
         failed = await (await conn.execute(
@@ -159,10 +160,11 @@ async def supervise(pool: Pool, conn: psycopg.AsyncConnection[Any]) -> None:
             " FROM jobs AS j WHERE j.state = 'failed' ORDER BY j.entered_at LIMIT 100")).fetchall()  # fmt: skip
         for row_id, version, failures in failed:
             event = job.Event.ABANDON if failures >= s.max_tries else job.Event.RETRY
-            if await job.atransition(conn, row_id, event, expected_version=version, actor="supervisor"):
+            if await job.atransition(conn, row_id, event, expected_version=version, actor="supervisor",
+                                     schema=s.schema):
                 pool.say("supervisor", f"{event.value} {row_id} after {failures} failure(s)")
     async with conn.transaction():
-        purged = await job.apurge(conn, older_than=s.keep, limit=1000)
+        purged = await job.apurge(conn, older_than=s.keep, limit=1000, schema=s.schema)
     if purged:
         pool.say("supervisor", f"purged {purged} old terminal job(s)")
 
@@ -247,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     async def connect() -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(args.dsn, options=f"-c search_path={args.schema}")
 
-    settings = Settings(workers=args.workers, fail_rate=args.fail_rate, max_tries=args.max_tries,
-                        chaos=args.chaos)  # fmt: skip
+    settings = Settings(schema=args.schema, workers=args.workers, fail_rate=args.fail_rate,
+                        max_tries=args.max_tries, chaos=args.chaos)  # fmt: skip
     asyncio.run(run(connect, args.jobs, settings))
     return 0
 

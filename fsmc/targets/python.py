@@ -10,6 +10,8 @@ from fsmc.targets.common import header_context, module_name
 from fsmc.templating import render
 
 ID_TYPES = {"uuid": "uuid.UUID", "bigint": "int", "text": "str"}
+# The id's type as the module's SQL casts its argument (named through pg_catalog).
+PG_ID_TYPES = {"uuid": "pg_catalog.uuid", "bigint": "pg_catalog.int8", "text": "pg_catalog.text"}
 # A sample id per id type, as Python source, for the generated tests.
 SAMPLE_IDS = {"uuid": 'uuid.UUID(int=1)', "bigint": "1", "text": '"id-1"'}
 
@@ -26,7 +28,7 @@ def count_field(event: str) -> str:
 
 def exports(class_name: str, lease: bool) -> list[str]:
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
-    names = ["CAPS", "CHOICES", "INITIAL", "TERMINAL", "TRANSITIONS", "AsyncConnection",
+    names = ["CAPS", "CHOICES", "INITIAL", "SCHEMA", "TERMINAL", "TRANSITIONS", "AsyncConnection",
              "CapReached", "Connection", "Event", "IllegalTransition", "State", "UnknownRow",
              class_name, "apply", "transition", "atransition", "get", "aget", "claim", "aclaim",
              "purge", "apurge"]  # fmt: skip
@@ -61,6 +63,8 @@ def context(machine: Machine) -> dict[str, object]:
         ],
         "caps": [(member(e), count_field(e), cap) for e, cap in m.cap_limits.items()],
         "id_type": ID_TYPES[m.postgres.id_type],
+        "pg_id_type": PG_ID_TYPES[m.postgres.id_type],
+        "schema": m.postgres.schema,
         "uses_uuid": m.postgres.id_type == "uuid",
         "apply_function": names.apply,
         "illegal_sqlstate": sqlstate.ILLEGAL_TRANSITION,

@@ -289,8 +289,12 @@ def app_grants(machine: Machine, schema: str, role: str) -> list[str]:
     functions and the guard, and an event row's `at` is its transaction's time: no
     caller can forge history, dwell times, leases or retention. Grants cost nothing
     per statement; a trigger checking the same would cost every write."""
+    return grant_statements(machine, sql_ident(schema), sql_ident(role))
+
+
+def grant_statements(machine: Machine, s: str, r: str) -> list[str]:
+    """`app_grants` for a schema and a role already written as SQL (or placeholders)."""
     n = Names.of(machine)
-    s, r = sql_ident(schema), sql_ident(role)
     writes, logs = app_writes(machine)
     return [
         f"GRANT USAGE ON SCHEMA {s} TO {r};",
@@ -1085,6 +1089,8 @@ class SuiteContext:
     writer: str
     id_type: str
     codes: Codes
+    lease: bool
+    grants: list[str]  # `app_grants`, with `{schema}` and `{role}` for the quoted names
 
 
 def test_context(machine: Machine) -> SuiteContext:
@@ -1098,6 +1104,8 @@ def test_context(machine: Machine) -> SuiteContext:
         writer=names.writer,
         id_type=machine.postgres.id_type,
         codes=Codes(),
+        lease=machine.lease is not None,
+        grants=grant_statements(machine, "{schema}", "{role}"),
     )
 
 

@@ -18,6 +18,7 @@ import collections.abc
 import dataclasses
 import datetime
 import enum
+import functools
 import json
 import re
 import types
@@ -27,6 +28,7 @@ __all__ = [
     "CAPS",
     "CHOICES",
     "INITIAL",
+    "SCHEMA",
     "TERMINAL",
     "TRANSITIONS",
     "AsyncConnection",
@@ -329,12 +331,34 @@ class UnknownRow(LookupError):
         return (UnknownRow, (self.id,))
 
 
-_APPLY_SQL: typing.Final = "SELECT review_apply(%s, %s, %s, %s, %s::jsonb)"
-# `to` goes by name, and only when given: the function's other callers (and older
-# schemas) need not know the parameter.
-_APPLY_TO_SQL: typing.Final = (
-    "SELECT review_apply(%s, %s, %s, %s, %s::jsonb, to_state => %s)"
-)
+SCHEMA: typing.Final = "public"
+"""The schema the functions below name when not given one: the spec's `postgres.schema`."""
+
+
+class _Statements(typing.NamedTuple):
+    apply: str
+    get: str
+    claim: str
+    rows: str
+    purge: str
+
+
+@functools.lru_cache(maxsize=64)
+def _sql(schema: str) -> _Statements:
+    """Every statement of this module, naming the installation's schema: nothing is
+    resolved through the connection's search_path, so a temporary table or another
+    role's function named like ours changes nothing; every argument is cast to its
+    exact type and every parameter given, so no overload can be a better match."""
+    s = '"' + schema.replace('"', '""').replace("%", "%%") + '"'
+    return _Statements(
+        apply="SELECT " + s + ".review_apply(%s::pg_catalog.int8, %s::pg_catalog.text, %s::pg_catalog.int8, %s::pg_catalog.text, %s::pg_catalog.jsonb, %s::pg_catalog.text)",
+        get="SELECT state, state_version FROM " + s + ".reviews WHERE id OPERATOR(pg_catalog.=) %s::pg_catalog.int8",
+        claim="SELECT id, state_version FROM " + s + ".review_claim(%s::pg_catalog.text, %s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.text)",
+        rows="SELECT id, state, state_version FROM " + s + ".reviews WHERE id OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.int8[])",
+        purge="SELECT " + s + ".review_purge(%s::pg_catalog.interval, %s::pg_catalog.int4)",
+    )
+
+
 ILLEGAL_TRANSITION_SQLSTATE: typing.Final = "23F01"
 CAP_REACHED_SQLSTATE: typing.Final = "23F07"
 UNKNOWN_ROW_SQLSTATE: typing.Final = "23F03"
@@ -350,6 +374,7 @@ def transition(
     actor: str,
     payload: object = None,
     to: State | str | None = None,
+    schema: str = SCHEMA,
 ) -> int | None:
     """Apply `event` to row `id` in the database, in the caller's transaction.
 
@@ -368,20 +393,17 @@ def transition(
     (serialization_failure) instead: roll back and retry the whole transaction.
     Behind PgBouncer in transaction mode, connect psycopg with
     `prepare_threshold=None` (a pooled server session would otherwise hold another
-    client's prepared statements), and set the schema with `ALTER ROLE ... SET
-    search_path`, not per session.
+    client's prepared statements). Every table and function is named with `schema`
+    (the installation's; default SCHEMA), never found through the search_path.
     """
     checked = _event(event)
     target = None if to is None else _state(to)
     body = None if payload is None else json.dumps(payload)
+    args = (id, checked.value, expected_version, actor, body, _value(target))
     cursor = conn.cursor()
     try:
         try:
-            if target is None:
-                cursor.execute(_APPLY_SQL, (id, checked.value, expected_version, actor, body))
-            else:
-                args = (id, checked.value, expected_version, actor, body, target.value)
-                cursor.execute(_APPLY_TO_SQL, args)
+            cursor.execute(_sql(schema).apply, args)
         except Exception as error:
             _refused(error, id, checked, target)
             raise
@@ -400,19 +422,17 @@ async def atransition(
     actor: str,
     payload: object = None,
     to: State | str | None = None,
+    schema: str = SCHEMA,
 ) -> int | None:
     """`transition()` on an asyncio connection (psycopg's `AsyncConnection`)."""
     checked = _event(event)
     target = None if to is None else _state(to)
     body = None if payload is None else json.dumps(payload)
+    args = (id, checked.value, expected_version, actor, body, _value(target))
     cursor = conn.cursor()
     try:
         try:
-            if target is None:
-                await cursor.execute(_APPLY_SQL, (id, checked.value, expected_version, actor, body))
-            else:
-                args = (id, checked.value, expected_version, actor, body, target.value)
-                await cursor.execute(_APPLY_TO_SQL, args)
+            await cursor.execute(_sql(schema).apply, args)
         except Exception as error:
             _refused(error, id, checked, target)
             raise
@@ -473,12 +493,6 @@ def _state_in(error: BaseException) -> State:
 # The sync and async functions share their SQL and their reading of the rows; they
 # differ only in awaiting the cursor.
 
-_GET_SQL: typing.Final = "SELECT state, state_version FROM reviews WHERE id = %s"
-_CLAIM_SQL: typing.Final = "SELECT id, state_version FROM review_claim(%s, %s, %s, %s)"
-_ROWS_SQL: typing.Final = "SELECT id, state, state_version FROM reviews WHERE id = ANY (%s)"
-_PURGE_SQL: typing.Final = "SELECT review_purge(%s, %s)"
-
-
 def _row(id: int, row: typing.Any) -> Review:
     """The `Review` of a row read as `state, state_version`."""
     return Review(id, _state(row[0]), int(row[1]))
@@ -507,22 +521,24 @@ def _checked_to(to: State | str | None) -> State | None:
     return None if to is None else _state(to)
 
 
-def get(conn: Connection, id: int) -> Review | None:
+def get(conn: Connection, id: int, *, schema: str = SCHEMA) -> Review | None:
     """The row with this id as a `Review`, or None when there is none."""
     cursor = conn.cursor()
     try:
-        cursor.execute(_GET_SQL, (id,))
+        cursor.execute(_sql(schema).get, (id,))
         row = cursor.fetchone()
     finally:
         cursor.close()
     return None if row is None else _row(id, row)
 
 
-async def aget(conn: AsyncConnection, id: int) -> Review | None:
+async def aget(
+    conn: AsyncConnection, id: int, *, schema: str = SCHEMA
+) -> Review | None:
     """`get()` on an asyncio connection."""
     cursor = conn.cursor()
     try:
-        await cursor.execute(_GET_SQL, (id,))
+        await cursor.execute(_sql(schema).get, (id,))
         row = await cursor.fetchone()
     finally:
         await cursor.close()
@@ -536,6 +552,7 @@ def claim(
     actor: str,
     limit: int = 1,
     to: State | str | None = None,
+    schema: str = SCHEMA,
 ) -> list[Review]:
     """Fire `event` on up to `limit` rows in its source states, oldest first, skipping
     rows other transactions hold (review_claim): the rows it moved, as
@@ -544,14 +561,14 @@ def claim(
     cursor = conn.cursor()
     try:
         try:
-            cursor.execute(_CLAIM_SQL, (checked.value, actor, limit, _value(target)))
+            cursor.execute(_sql(schema).claim, (checked.value, actor, limit, _value(target)))
         except Exception as error:
             _refused(error, None, None)
             raise
         pairs, state = _claimed(checked, target, cursor.fetchall())
         rows: dict[typing.Any, typing.Any] = {}
         if state is None and pairs:
-            cursor.execute(_ROWS_SQL, ([i for i, _v in pairs],))
+            cursor.execute(_sql(schema).rows, ([i for i, _v in pairs],))
             rows = {r[0]: r[1:] for r in cursor.fetchall()}
     finally:
         cursor.close()
@@ -565,20 +582,21 @@ async def aclaim(
     actor: str,
     limit: int = 1,
     to: State | str | None = None,
+    schema: str = SCHEMA,
 ) -> list[Review]:
     """`claim()` on an asyncio connection."""
     checked, target = _event(event), _checked_to(to)
     cursor = conn.cursor()
     try:
         try:
-            await cursor.execute(_CLAIM_SQL, (checked.value, actor, limit, _value(target)))
+            await cursor.execute(_sql(schema).claim, (checked.value, actor, limit, _value(target)))
         except Exception as error:
             _refused(error, None, None)
             raise
         pairs, state = _claimed(checked, target, await cursor.fetchall())
         rows: dict[typing.Any, typing.Any] = {}
         if state is None and pairs:
-            await cursor.execute(_ROWS_SQL, ([i for i, _v in pairs],))
+            await cursor.execute(_sql(schema).rows, ([i for i, _v in pairs],))
             rows = {r[0]: r[1:] for r in await cursor.fetchall()}
     finally:
         await cursor.close()
@@ -589,22 +607,26 @@ def _value(state: State | None) -> str | None:
     return None if state is None else state.value
 
 
-def purge(conn: Connection, *, older_than: datetime.timedelta, limit: int) -> int:
+def purge(
+    conn: Connection, *, older_than: datetime.timedelta, limit: int, schema: str = SCHEMA
+) -> int:
     """Delete up to `limit` rows terminal for longer than `older_than`, each with its
     whole history, oldest first (review_purge); the count deleted."""
     cursor = conn.cursor()
     try:
-        cursor.execute(_PURGE_SQL, (older_than, limit))
+        cursor.execute(_sql(schema).purge, (older_than, limit))
         return int(cursor.fetchone()[0])
     finally:
         cursor.close()
 
 
-async def apurge(conn: AsyncConnection, *, older_than: datetime.timedelta, limit: int) -> int:
+async def apurge(
+    conn: AsyncConnection, *, older_than: datetime.timedelta, limit: int, schema: str = SCHEMA
+) -> int:
     """`purge()` on an asyncio connection."""
     cursor = conn.cursor()
     try:
-        await cursor.execute(_PURGE_SQL, (older_than, limit))
+        await cursor.execute(_sql(schema).purge, (older_than, limit))
         return int((await cursor.fetchone())[0])
     finally:
         await cursor.close()

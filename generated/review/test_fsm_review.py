@@ -252,6 +252,17 @@ BYPASS_WRITE = "23F04"
 UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
 CHECK_VIOLATION = "23514"
+INSUFFICIENT_PRIVILEGE = "42501"
+LEASE = False
+# What an application role needs, and all it gets (the README's grants; `{schema}` and
+# `{role}` stand for the quoted names).
+APP_GRANTS = [
+    "GRANT USAGE ON SCHEMA {schema} TO {role};",
+    "GRANT SELECT, INSERT (id, state), UPDATE (state, state_version) ON {schema}.reviews TO {role};",
+    "GRANT SELECT, INSERT (review_id, version, from_state, event, to_state, actor, payload) ON {schema}.review_events TO {role};",
+    "GRANT SELECT ON {schema}.review_intervals TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.review_apply, {schema}.review_claim, {schema}.review_purge TO {role};",
+]
 # <machine>_apply itself, not through the module: (id, event, expected_version, to_state).
 APPLY_TO = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
 
@@ -261,6 +272,23 @@ class Database:
     driver: typing.Any  # the psycopg module
     dsn: str
     schema: str
+    app_role: str | None = None
+
+    def application(self) -> typing.Any:
+        """A connection acting as an application role with exactly APP_GRANTS (a NOLOGIN
+        role made on first use, which this connection's user takes with SET ROLE)."""
+        if self.app_role is None:
+            role = f"fsmc_app_{uuid.uuid4().hex[:16]}"
+            with self.connect(autocommit=True) as admin:
+                admin.execute(f'CREATE ROLE "{role}" NOLOGIN')
+                self.app_role = role
+                admin.execute(f'GRANT "{role}" TO CURRENT_USER')
+                for grant in APP_GRANTS:
+                    admin.execute(grant.format(schema=f'"{self.schema}"', role=f'"{role}"'))
+        conn = self.connect(autocommit=True)
+        conn.execute(f'SET ROLE "{self.app_role}"')
+        conn.autocommit = False
+        return conn
 
     def connect(self, *, autocommit: bool = False) -> typing.Any:
         return self.driver.connect(
@@ -292,7 +320,7 @@ class Database:
         """Fire `moves` ((event, to) pairs) on a row through transition(); its version."""
         for event, to in moves:
             got = machine.transition(
-                conn, row_id, event, expected_version=version, actor="test", to=to
+                conn, row_id, event, expected_version=version, actor="test", to=to, schema=self.schema
             )
             assert got == version + 1
             version = got
@@ -323,6 +351,7 @@ def db() -> collections.abc.Iterator[Database]:
     schema = f"fsmc_test_{uuid.uuid4().hex[:16]}"
     with driver.connect(dsn, autocommit=True) as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
+    database: Database | None = None
     try:
         database = Database(driver, dsn, schema)
         with database.connect() as conn:
@@ -339,9 +368,10 @@ def db() -> collections.abc.Iterator[Database]:
             if found and found[0]:
                 writer = admin.execute(f'SELECT "{schema}".review_fsmc_writer()').fetchone()[0]
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-            if writer is not None:
-                admin.execute(f'DROP OWNED BY "{writer}"')
-                admin.execute(f'DROP ROLE "{writer}"')
+            for role in (writer, database.app_role if database is not None else None):
+                if role is not None:
+                    admin.execute(f'DROP OWNED BY "{role}"')
+                    admin.execute(f'DROP ROLE "{role}"')
 
 
 def _refused(conn: typing.Any, sql: str, params: tuple[typing.Any, ...] = ()) -> str | None:
@@ -365,13 +395,64 @@ def test_db_rows_are_born_in_the_initial_state_only(db: Database) -> None:
                 assert _refused(conn, sql, (state,)) == BYPASS_WRITE
 
 
+def test_db_the_application_cannot_rewrite_an_id_or_choose_a_time(db: Database) -> None:
+    # A renamed id would give a finished row a fresh life; an entered_at in 1970 would
+    # purge it at once; heartbeat_at = 'infinity' would hold a dead worker's lease
+    # forever; an event row dated 2100 would lie about dwell times.
+    with db.connect() as conn:
+        row_id = db.new_row(conn)
+        conn.commit()
+    forged = [
+        (f"UPDATE {SQL_TABLE} SET id = id WHERE id = %s", (row_id,)),
+        (f"UPDATE {SQL_TABLE} SET created_at = '1970-01-01' WHERE id = %s", (row_id,)),
+        (f"UPDATE {SQL_TABLE} SET entered_at = '1970-01-01' WHERE id = %s", (row_id,)),
+        (f"INSERT INTO {SQL_TABLE} (entered_at) VALUES ('-infinity')", ()),
+        (
+            (
+                f"INSERT INTO {SQL_EVENTS} ({SQL_ID_COLUMN}, version, from_state, event,"
+                f" to_state, actor, at) SELECT id, 1, 'x', 'x', 'x', 'x', '2100-01-01' FROM"
+                f" {SQL_TABLE} WHERE id = %s"
+            ),
+            (row_id,),
+        ),
+    ]
+    if LEASE:
+        for column, value in (("heartbeat_at", "'infinity'"), ("claimed_at", "now()")):
+            forged.append((f"UPDATE {SQL_TABLE} SET {column} = {value} WHERE id = %s", (row_id,)))
+    with db.application() as app:
+        for sql, params in forged:
+            assert _refused(app, sql, params) == INSUFFICIENT_PRIVILEGE, sql
+
+
+def test_db_a_move_by_hand_gets_the_databases_time(db: Database) -> None:
+    (source, event), target = next(iter(TABLE.items()))
+    with db.connect() as conn:
+        row_id, version = db.row_in(conn, source)
+    with db.application() as app:
+        app.execute(
+            f"UPDATE {SQL_TABLE} SET state = %s, state_version = state_version + 1 WHERE id = %s",
+            (target, row_id),
+        )
+        app.execute(
+            f"INSERT INTO {SQL_EVENTS} ({SQL_ID_COLUMN}, version, from_state, event, to_state,"
+            " actor) VALUES (%s, %s, %s, %s, %s, 'operator')",
+            (row_id, version + 1, source, event, target),
+        )
+        now = app.execute("SELECT now()").fetchone()[0]
+        app.commit()
+        sql = f"SELECT entered_at FROM {SQL_TABLE} WHERE id = %s"
+        assert app.execute(sql, (row_id,)).fetchone() == (now,)
+        sql = f"SELECT at FROM {SQL_EVENTS} WHERE {SQL_ID_COLUMN} = %s AND version = %s"
+        assert app.execute(sql, (row_id, version + 1)).fetchone() == (now,)
+
+
 def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database) -> None:
     with db.connect() as conn:
         for state in STATES:
             row_id, version = db.row_in(conn, state)
             for event, to, target in _moves(state):
                 got = machine.transition(
-                    conn, row_id, event, expected_version=version, actor="test", to=to
+                    conn, row_id, event, expected_version=version, actor="test", to=to, schema=db.schema
                 )
                 assert got == version + 1
                 assert db.row(conn, row_id) == (target, version + 1)
@@ -380,7 +461,7 @@ def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database)
                 if (state, event) not in TABLE and (state, event) not in CHOICES:
                     with pytest.raises(machine.IllegalTransition) as raised:
                         machine.transition(
-                            conn, row_id, event, expected_version=version, actor="test"
+                            conn, row_id, event, expected_version=version, actor="test", schema=db.schema
                         )
                     assert raised.value.state is machine.State(state)
                     assert raised.value.event is machine.Event(event)
@@ -421,11 +502,11 @@ def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) ->
     with db.connect() as first, db.connect() as second:
         row_id = db.new_row(first)
         first.commit()
-        assert machine.transition(first, row_id, event, expected_version=0, actor="first", to=to) == 1
+        assert machine.transition(first, row_id, event, expected_version=0, actor="first", to=to, schema=db.schema) == 1
         results: list[int | None] = []
 
         def race() -> None:  # blocks on first's row lock until first commits
-            got = machine.transition(second, row_id, event, expected_version=0, actor="second", to=to)
+            got = machine.transition(second, row_id, event, expected_version=0, actor="second", to=to, schema=db.schema)
             results.append(got)
             second.commit()
 
@@ -452,7 +533,7 @@ def test_db_temporary_tables_named_like_the_schemas_change_nothing(db: Database)
         for name, real in ((SQL_TABLE, real_table), (SQL_EVENTS, real_events)):
             conn.execute(f"CREATE TEMP TABLE {name} (LIKE {real} INCLUDING DEFAULTS)")
         conn.commit()
-        assert machine.transition(conn, row_id, event, expected_version=0, actor="test", to=to) == 1
+        assert machine.transition(conn, row_id, event, expected_version=0, actor="test", to=to, schema=db.schema) == 1
         conn.commit()
         sql = f"SELECT event FROM {real_events} WHERE {SQL_ID_COLUMN} = %s"
         assert conn.execute(sql, (row_id,)).fetchall() == [(event,)]
@@ -475,7 +556,7 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
                 event, to, state = rng.choice(moves)
                 fired[event] += 1
                 version = machine.transition(
-                    conn, row_id, event, expected_version=version, actor="test", to=to
+                    conn, row_id, event, expected_version=version, actor="test", to=to, schema=db.schema
                 ) or -1
         sql = (
             f"SELECT version, from_state, event, to_state FROM {SQL_EVENTS}"
