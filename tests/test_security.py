@@ -34,10 +34,11 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from fsmc.migrate import migrate
 from fsmc.model import Machine
 from fsmc.targets import sql as sql_target
 from fsmc.targets import sqlstate
-from tests import test_migrate as tm
+from tests import migrating as tm
 from tests.pg_scratch import (
     LEASE_SPEC_NAMES,
     SPEC_NAMES,
@@ -414,7 +415,7 @@ def test_every_function_and_trigger_function_is_pinned_with_pg_temp_last(db: Scr
 def test_a_migrate_script_leaves_every_function_pinned(pg_dsn: str, case: str) -> None:
     old, new = tm.spec(case, "old"), tm.spec(case, "new")
     with tm.built(pg_dsn, old) as db:
-        tm.migrate_ok(db, tm.migrate(old, new))
+        tm.migrate_ok(db, migrate(old, new))
         with db.owner() as conn:
             assert_all_pinned(conn, db.schema, new)
 
@@ -632,7 +633,7 @@ def test_a_call_that_waited_behind_a_migration_cannot_write_under_the_old_rules(
                 version = db.apply(app, row_id, event, version) or -1
             app.commit()
             assert db.row(app, row_id) == ("failed", 11)
-        script = tm.migrate(old, new)
+        script = migrate(old, new)
         reader = db.connect()
         reader.execute(db.q("SELECT count(*) FROM {table}"))  # holds ACCESS SHARE until it ends
         caller = db.connect()
@@ -697,8 +698,6 @@ def test_a_no_transaction_script_run_outside_a_transaction_changes_nothing(pg_ds
     # every later statement fails too, in a session left read-only.
     import shutil
     import subprocess
-
-    from fsmc.migrate import migrate
 
     old, new = tm.spec("caps_added"), tm.spec("caps_added", "new")
     db = Scratch.create(pg_dsn, old)
