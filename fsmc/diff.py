@@ -358,6 +358,8 @@ def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
         "postgres.table": (str(m.postgres.table),) * 2,
         "postgres.events_table": (str(m.postgres.events_table),) * 2,
         "postgres.id_type": (m.postgres.id_type,) * 2,
+        # 1.2: the schema the module names by default (its callers' calls move with it)
+        "postgres.schema": (str(m.postgres.schema),) * 2,
     }
     return out
 

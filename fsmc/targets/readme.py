@@ -5,6 +5,7 @@ description cannot add a row, a heading or HTML."""
 from __future__ import annotations
 
 from fsmc.model import Machine
+from fsmc.targets import sql
 from fsmc.targets.common import Paths, header_context
 from fsmc.templating import render
 
@@ -39,4 +40,8 @@ def emit(machine: Machine, diagram: str) -> str:
         caps=list(m.cap_limits.items()),
         lease=m.lease,
         files=[p.split("/", 1)[1] for p in (paths.module, paths.sql, paths.mermaid, paths.tests)],
+        schema=m.postgres.schema,
+        grants=sql.app_grants(m, m.postgres.schema, "app_worker"),
+        sql_file=paths.sql.split("/", 1)[1],
+        test_file=paths.tests.split("/", 1)[1],
     )
