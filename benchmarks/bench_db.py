@@ -8,7 +8,7 @@ specs/job.yaml and needs psycopg 3 and, for the pgbench figures, `pgbench` on PA
 The schema is installed as the README says: a scratch schema owned by a fresh
 non-superuser role (with CREATEROLE, so that the `.sql` creates its installation's
 NOLOGIN writer role), the generated `.sql` run as that owner, and an application
-role with only the README's grants (APP_GRANTS, as tests/pg_scratch.py has them).
+role with only the README's grants (`sql_target.app_grants`, as tests/pg_scratch.py has them).
 Every timed call runs as the application role, with synchronous_commit on (unless
 --synchronous-commit off), each transition its own transaction. Schema and roles,
 the writer included, are dropped at the end.
@@ -115,14 +115,8 @@ FIRST_PGBENCH_ROW = 1_000_000  # the Python workers' rows are 1 .. 8 * ROWS_PER_
 NEXT = {"queued": ("claim", "claimed"), "claimed": ("start", "running"),
         "running": ("reclaim", "queued")}  # fmt: skip
 
-# What an application role needs, and all it gets: README, "The PostgreSQL schema",
-# as tests/pg_scratch.py's APP_GRANTS has it (not imported: tests/ needs pytest).
-APP_GRANTS = """\
-GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT SELECT, INSERT, UPDATE ON jobs TO {role};
-GRANT SELECT, INSERT ON job_events TO {role};
-GRANT SELECT ON job_intervals TO {role};
-GRANT EXECUTE ON FUNCTION {functions} TO {role};"""
+# What an application role needs, and all it gets: `sql_target.app_grants`, the README's list.
+
 
 
 def row_id(number: str) -> str:
@@ -262,8 +256,7 @@ def setup(dsn: str, schema: str, machine: Machine) -> None:
     try:
         with psycopg.connect(dsn, user=owner, options=f"-c search_path={schema}") as conn:
             conn.execute(sql_target.emit(machine).encode())  # one script, as psql -1 -f would
-            functions = ", ".join(sql_target.callable_functions(machine))
-            conn.execute(APP_GRANTS.format(schema=schema, role=app, functions=functions).encode())
+            conn.execute("\n".join(sql_target.app_grants(machine, schema, app)).encode())
             # Bare copies: same columns, defaults, primary keys, partial indexes and
             # fillfactor; no CHECK, no trigger, no foreign key.
             conn.execute("CREATE TABLE jobs_bare (LIKE jobs INCLUDING DEFAULTS INCLUDING INDEXES)"

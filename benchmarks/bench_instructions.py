@@ -56,6 +56,7 @@ from psycopg import conninfo  # noqa: E402
 
 PATHS = (("as built", "apply"), ("unchecked function", "function"), ("raw statement", "raw"),
          ("seed's path", "seed"))  # fmt: skip
+HEARTBEAT = "heartbeat"  # a worker's heartbeat, job_heartbeat on a claimed row (issue 19: unchanged)
 # Functions whose inclusive count says what a piece of enforcement or of the call costs.
 SPOTLIGHT = (  # functions PostgreSQL exports, so that a stripped binary names them too
     ("PortalRun", "the statement, SELECT job_apply(...) (the rest is protocol and commit)"),
@@ -181,17 +182,28 @@ class Runner:
 
     def backend_of(self, schema: str, method: str, transactions: int) -> Path:
         """Run `transactions` of `method` in one pgbench client on fresh rows; the
-        callgrind file of its backend."""
-        table = "jobs" if method == "apply" else "jobs_bare"
+        callgrind file of its backend. `heartbeat`: each transaction refreshes the
+        heartbeat of one of K rows claimed beforehand (`job_heartbeat`, at version 1)."""
+        table = "jobs" if method in ("apply", HEARTBEAT) else "jobs_bare"
         base, self.next_row = self.next_row, self.next_row + bench_db.ROWS_PER_CONNECTION
+        last = base + bench_db.ROWS_PER_CONNECTION - 1
         with psycopg.connect(self.cluster.dsn, autocommit=True, options=f"-c search_path={schema}") as admin:
             admin.execute(f"INSERT INTO {table} (id) SELECT {bench_db.row_id('i')} FROM generate_series"
-                          f"({base}, {base + bench_db.ROWS_PER_CONNECTION - 1}) AS i")  # fmt: skip
+                          f"({base}, {last}) AS i")  # fmt: skip
+            if method == HEARTBEAT:
+                admin.execute(f"SELECT job_apply({bench_db.row_id('i')}, 'claim', 0, 'bench')"
+                              f" FROM generate_series({base}, {last}) AS i")  # fmt: skip
             admin.execute(f"ANALYZE {table}")
             pid = admin.info.backend_pid
         wait_for(self.cluster.counts / f"cg.{pid}")  # so that it is not taken for pgbench's
         script = self.folder / f"{method}.sql"
-        script.write_text(bench_db.pgbench_script(method), encoding="utf-8")
+        if method == HEARTBEAT:
+            k = bench_db.ROWS_PER_CONNECTION
+            script.write_text(f"\\set row :base + :client_id * {k} + :n % {k}\n"
+                              f"SELECT job_heartbeat({bench_db.row_id(':row')}, 1);\n\\set n :n + 1\n",
+                              encoding="utf-8")  # fmt: skip
+        else:
+            script.write_text(bench_db.pgbench_script(method), encoding="utf-8")
         target = conninfo.make_conninfo(self.cluster.dsn, user=bench_db.app_of(schema),
                                         options=bench_db.options(schema))  # fmt: skip
         before = set(self.cluster.counts.glob("cg.*"))
@@ -267,6 +279,9 @@ def report(runner: Runner, schemas: dict[str, str], args: argparse.Namespace) ->
     print(f"{'path':<24}{'instructions/transition':>26}{'job_apply / path':>20}")
     for label, _ in PATHS:
         print(f"{label:<24}{per[label]:>26,.0f}{per['as built'] / per[label]:>19.2f}x")
+
+    beat, _, _ = runner.per_transition(schemas["as built"], HEARTBEAT, n)
+    print(f"{'a heartbeat':<24}{beat:>26,.0f}   (job_heartbeat on a claimed row)")
 
     print(f"\n{'job_apply with a piece taken out':<40}{'instructions':>14}{'saves':>12}")
     for name in bench_enforcement.VARIANTS:
