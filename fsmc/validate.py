@@ -30,7 +30,8 @@ TABLE_MAX = 63
 # generated module and holds this list to it.
 RESERVED_CAMEL = frozenset(
     {"State", "Event", "IllegalTransition", "CapReached", "Connection", "AsyncConnection",
-     "UnknownRow", "INITIAL", "TERMINAL", "TRANSITIONS", "CHOICES", "CAPS", "SCHEMA",
+     "UnknownRow", "StateName", "EventName", "INITIAL", "TERMINAL", "TRANSITIONS", "CHOICES", "CAPS",
+     "SCHEMA",
      "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE", "UNKNOWN_ROW_SQLSTATE"}
 )  # fmt: skip
 # Built-ins a class of that name would shadow in the module, which catches KeyError,

@@ -225,15 +225,22 @@ async def async_given_sync(conn: psycopg.Connection[Any]) -> None:
     await fsm_job.aget(conn, uuid.UUID(int=1))  # type: ignore[arg-type]
 
 
+def misspelled(conn: psycopg.Connection[Any]) -> None:
+    fsm_job.transition(conn, uuid.UUID(int=1), "cancle", expected_version=0, actor="w")  # type: ignore[arg-type]
+
+
 def right(conn: psycopg.Connection[Any], aconn: psycopg.AsyncConnection[Any]) -> None:
     fsm_job.claim(conn, "claim", actor="w")
     fsm_job.aclaim(aconn, "claim", actor="w").close()
+    fsm_job.transition(conn, uuid.UUID(int=1), "finish", expected_version=3, actor="w", to="completed")
+    assert fsm_job.can_fire("running", "finish") and fsm_job.available_events(fsm_job.State.RUNNING)
 """
 
 
 def test_mypy_tells_a_sync_connection_from_an_async_one(tmp_path: Path) -> None:
     """Each misuse carries an `ignore[arg-type]`: mypy with --warn-unused-ignores
-    reports an unused ignore if it accepted the call, and the right calls pass."""
+    reports an unused ignore if it accepted the call, and the right calls pass. A
+    misspelled event name is a misuse too (the module's EventName type)."""
     machine = machine_of("job")
     (tmp_path / "fsm_job.py").write_text(generate(machine).files[Paths.of(machine).module])
     # Once with the ignores (must pass: both misuses are errors, the right calls are
@@ -243,7 +250,7 @@ def test_mypy_tells_a_sync_connection_from_an_async_one(tmp_path: Path) -> None:
     bare.mkdir()
     (bare / "fsm_job.py").write_text((tmp_path / "fsm_job.py").read_text())
     (bare / "use.py").write_text(MISUSE.replace("  # type: ignore[arg-type]", ""))
-    for folder, expected in ((tmp_path, 0), (bare, 2)):
+    for folder, expected in ((tmp_path, 0), (bare, 3)):
         ran = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--warn-unused-ignores",
                               "--no-incremental", "--cache-dir", str(folder / ".mypy_cache"),
                               str(folder / "use.py")], cwd=folder, capture_output=True, text=True)  # fmt: skip

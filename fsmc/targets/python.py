@@ -30,8 +30,8 @@ def exports(class_name: str, lease: bool) -> list[str]:
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
     names = ["CAPS", "CHOICES", "INITIAL", "SCHEMA", "TERMINAL", "TRANSITIONS", "AsyncConnection",
              "CapReached", "Connection", "Event", "IllegalTransition", "State", "UnknownRow",
-             class_name, "apply", "transition", "atransition", "get", "aget", "claim", "aclaim",
-             "purge", "apurge"]  # fmt: skip
+             class_name, "EventName", "StateName", "apply", "available_events", "can_fire",
+             "transition", "atransition", "get", "aget", "claim", "aclaim", "purge", "apurge"]  # fmt: skip
     if lease:
         names += ["heartbeat", "aheartbeat", "reclaim", "areclaim"]
 

@@ -35,15 +35,19 @@ __all__ = [
     "CapReached",
     "Connection",
     "Event",
+    "EventName",
     "IllegalTransition",
     "Review",
     "State",
+    "StateName",
     "UnknownRow",
     "aclaim",
     "aget",
     "apply",
     "apurge",
     "atransition",
+    "available_events",
+    "can_fire",
     "claim",
     "get",
     "purge",
@@ -80,6 +84,24 @@ class Event(enum.StrEnum):
     MERGE = "merge"
     WITHDRAW = "withdraw"
 
+
+StateName: typing.TypeAlias = typing.Literal[
+    "draft",
+    "open",
+    "changes_requested",
+    "approved",
+    "merged",
+    "withdrawn",
+]
+"""A state's name as a string, where a State is taken: a misspelled one fails type checking."""
+EventName: typing.TypeAlias = typing.Literal[
+    "submit",
+    "review",
+    "revise",
+    "merge",
+    "withdraw",
+]
+"""An event's name as a string, where an Event is taken: a misspelled one fails type checking."""
 
 INITIAL: typing.Final[State] = State.DRAFT
 TERMINAL: typing.Final[frozenset[State]] = frozenset(
@@ -224,7 +246,9 @@ def _event(value: Event | str) -> Event:
         ) from None
 
 
-def apply(state: State | str, event: Event | str, to: State | str | None = None) -> State:
+def apply(
+    state: State | StateName, event: Event | EventName, to: State | StateName | None = None
+) -> State:
     """The state after `event` in `state`.
 
     For a choice (CHOICES), `to` is required and must be one of its targets; for a
@@ -242,6 +266,23 @@ def apply(state: State | str, event: Event | str, to: State | str | None = None)
     raise IllegalTransition(_state(state), _event(event), to)
 
 
+def available_events(state: State | StateName) -> tuple[Event, ...]:
+    """The events `state` has a transition on, in spec order (django-fsm's
+    get_available_transitions); empty in a terminal state. Knows nothing of caps: a
+    Review's `apply` still refuses a spent one."""
+    return _AVAILABLE[_state(state)]
+
+
+def can_fire(state: State | StateName, event: Event | EventName) -> bool:
+    """Whether `event` has a transition from `state` (django-fsm's can_proceed)."""
+    return _event(event) in _AVAILABLE[_state(state)]
+
+
+_AVAILABLE: typing.Final[dict[State, tuple[Event, ...]]] = {
+    s: tuple(e for e in Event if (s, e) in TRANSITIONS or (s, e) in CHOICES) for s in State
+}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Review:
     """A review as the application holds it. `apply` returns a new one."""
@@ -254,7 +295,7 @@ class Review:
         # `Review(id, "queued")` holds State.QUEUED; an unknown state is a ValueError.
         _SET_STATE(self, _state(self.state))
 
-    def apply(self, event: Event | str, to: State | str | None = None) -> Review:
+    def apply(self, event: Event | EventName, to: State | StateName | None = None) -> Review:
         """This review after `event`, at version + 1; `self` is left unchanged.
         """
         try:
@@ -368,12 +409,12 @@ _STATE_IN_ERROR: typing.Final = re.compile(r'state[ =]"?([a-z][a-z0-9_]*)')
 def transition(
     conn: Connection,
     id: int,
-    event: Event | str,
+    event: Event | EventName,
     *,
     expected_version: int,
     actor: str,
     payload: object = None,
-    to: State | str | None = None,
+    to: State | StateName | None = None,
     schema: str = SCHEMA,
 ) -> int | None:
     """Apply `event` to row `id` in the database, in the caller's transaction.
@@ -416,12 +457,12 @@ def transition(
 async def atransition(
     conn: AsyncConnection,
     id: int,
-    event: Event | str,
+    event: Event | EventName,
     *,
     expected_version: int,
     actor: str,
     payload: object = None,
-    to: State | str | None = None,
+    to: State | StateName | None = None,
     schema: str = SCHEMA,
 ) -> int | None:
     """`transition()` on an asyncio connection (psycopg's `AsyncConnection`)."""
@@ -547,11 +588,11 @@ async def aget(
 
 def claim(
     conn: Connection,
-    event: Event | str,
+    event: Event | EventName,
     *,
     actor: str,
     limit: int = 1,
-    to: State | str | None = None,
+    to: State | StateName | None = None,
     schema: str = SCHEMA,
 ) -> list[Review]:
     """Fire `event` on up to `limit` rows in its source states, oldest first, skipping
@@ -577,11 +618,11 @@ def claim(
 
 async def aclaim(
     conn: AsyncConnection,
-    event: Event | str,
+    event: Event | EventName,
     *,
     actor: str,
     limit: int = 1,
-    to: State | str | None = None,
+    to: State | StateName | None = None,
     schema: str = SCHEMA,
 ) -> list[Review]:
     """`claim()` on an asyncio connection."""

@@ -50,6 +50,10 @@ if typing.TYPE_CHECKING:
     import fsm_review as machine
 else:
     machine = _module_under_test("fsm_review")
+# The module driven with the spec's names as plain strings, unknown ones included: what
+# it does at run time. (Its StateName and EventName types make a misspelled name a type
+# error in a caller's code; this file checks what happens at run time all the same.)
+fsm: typing.Any = machine
 
 STATES: tuple[str, ...] = (
     "draft",
@@ -133,30 +137,30 @@ def test_the_table_is_exactly_the_specs() -> None:
 
 def test_every_declared_transition() -> None:
     for (state, event), target in TABLE.items():
-        assert machine.apply(state, event) is machine.State(target), (state, event)
-        assert machine.apply(machine.State(state), machine.Event(event)) is machine.State(target)
-        assert machine.apply(state, event, to=target) is machine.State(target)
+        assert fsm.apply(state, event) is machine.State(target), (state, event)
+        assert fsm.apply(machine.State(state), machine.Event(event)) is machine.State(target)
+        assert fsm.apply(state, event, to=target) is machine.State(target)
         # Another `to` is refused (one is enough: the table is checked above).
         other = next((s for s in STATES if s != target), None)
         if other is not None:
             with pytest.raises(machine.IllegalTransition):
-                machine.apply(state, event, to=other)
+                fsm.apply(state, event, to=other)
 
 
 def test_every_target_of_every_choice() -> None:
     for (state, event), targets in CHOICES.items():
         for target in STATES:
             if target in targets:
-                assert machine.apply(state, event, to=target) is machine.State(target)
-                assert machine.apply(
+                assert fsm.apply(state, event, to=target) is machine.State(target)
+                assert fsm.apply(
                     machine.State(state), machine.Event(event), to=machine.State(target)
                 ) is machine.State(target)
             else:
                 with pytest.raises(machine.IllegalTransition) as raised:
-                    machine.apply(state, event, to=target)
+                    fsm.apply(state, event, to=target)
                 assert raised.value.to is machine.State(target), (state, event, target)
         with pytest.raises(machine.IllegalTransition, match="choice"):
-            machine.apply(state, event)
+            fsm.apply(state, event)
 
 
 def test_every_undeclared_pair_is_illegal() -> None:
@@ -166,26 +170,34 @@ def test_every_undeclared_pair_is_illegal() -> None:
                 continue
             for to in (None, state):  # naming a target does not make a pair legal
                 with pytest.raises(machine.IllegalTransition) as raised:
-                    machine.apply(state, event, to)
+                    fsm.apply(state, event, to)
                 assert raised.value.state is machine.State(state)
                 assert raised.value.event is machine.Event(event)
                 assert repr(state) in str(raised.value) and repr(event) in str(raised.value)
+
+
+def test_the_events_available_in_each_state_are_the_specs() -> None:
+    for state in STATES:
+        legal = [e for e in EVENTS if (state, e) in TABLE or (state, e) in CHOICES]
+        assert [e.value for e in fsm.available_events(state)] == legal, state
+        for event in EVENTS:
+            assert fsm.can_fire(state, event) is (event in legal), (state, event)
 
 
 def test_terminal_states_refuse_every_event() -> None:
     for state in TERMINALS:
         for event in EVENTS:
             with pytest.raises(machine.IllegalTransition, match="terminal"):
-                machine.apply(state, event)
+                fsm.apply(state, event)
 
 
 def test_unknown_names_raise_value_error() -> None:
     with pytest.raises(ValueError, match="'no such state'"):
-        machine.apply("no such state", EVENTS[0])
+        fsm.apply("no such state", EVENTS[0])
     with pytest.raises(ValueError, match="'no such event'"):
-        machine.apply(INITIAL, "no such event")
+        fsm.apply(INITIAL, "no such event")
     with pytest.raises(ValueError, match="'no such target'"):
-        machine.apply(INITIAL, EVENTS[0], to="no such target")
+        fsm.apply(INITIAL, EVENTS[0], to="no such target")
 
 
 def _reachable(start: set[str], edges: dict[str, set[str]]) -> set[str]:
@@ -220,10 +232,11 @@ def test_a_terminal_state_is_reachable_from_every_state() -> None:
 
 
 def test_the_dataclass_is_immutable_and_apply_returns_a_new_one() -> None:
-    item = machine.Review(id=1)
-    assert (item.state, item.version) == (machine.State(INITIAL), 0)
+    typed = machine.Review(id=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        item.state = machine.State(INITIAL)  # type: ignore[misc]
+        typed.state = machine.State(INITIAL)  # type: ignore[misc]
+    item: typing.Any = typed  # driven with the spec's names as strings, as fsm is
+    assert (item.state, item.version) == (machine.State(INITIAL), 0)
     (event, to, target) = _moves(INITIAL)[0]
     moved = item.apply(event, to)
     assert (moved.id, moved.state, moved.version) == (item.id, machine.State(target), 1)
@@ -319,7 +332,7 @@ class Database:
     ) -> int:
         """Fire `moves` ((event, to) pairs) on a row through transition(); its version."""
         for event, to in moves:
-            got = machine.transition(
+            got = fsm.transition(
                 conn, row_id, event, expected_version=version, actor="test", to=to, schema=self.schema
             )
             assert got == version + 1
@@ -451,7 +464,7 @@ def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database)
         for state in STATES:
             row_id, version = db.row_in(conn, state)
             for event, to, target in _moves(state):
-                got = machine.transition(
+                got = fsm.transition(
                     conn, row_id, event, expected_version=version, actor="test", to=to, schema=db.schema
                 )
                 assert got == version + 1
@@ -460,7 +473,7 @@ def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database)
             for event in EVENTS:
                 if (state, event) not in TABLE and (state, event) not in CHOICES:
                     with pytest.raises(machine.IllegalTransition) as raised:
-                        machine.transition(
+                        fsm.transition(
                             conn, row_id, event, expected_version=version, actor="test", schema=db.schema
                         )
                     assert raised.value.state is machine.State(state)
@@ -502,11 +515,11 @@ def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) ->
     with db.connect() as first, db.connect() as second:
         row_id = db.new_row(first)
         first.commit()
-        assert machine.transition(first, row_id, event, expected_version=0, actor="first", to=to, schema=db.schema) == 1
+        assert fsm.transition(first, row_id, event, expected_version=0, actor="first", to=to, schema=db.schema) == 1
         results: list[int | None] = []
 
         def race() -> None:  # blocks on first's row lock until first commits
-            got = machine.transition(second, row_id, event, expected_version=0, actor="second", to=to, schema=db.schema)
+            got = fsm.transition(second, row_id, event, expected_version=0, actor="second", to=to, schema=db.schema)
             results.append(got)
             second.commit()
 
@@ -533,7 +546,7 @@ def test_db_temporary_tables_named_like_the_schemas_change_nothing(db: Database)
         for name, real in ((SQL_TABLE, real_table), (SQL_EVENTS, real_events)):
             conn.execute(f"CREATE TEMP TABLE {name} (LIKE {real} INCLUDING DEFAULTS)")
         conn.commit()
-        assert machine.transition(conn, row_id, event, expected_version=0, actor="test", to=to, schema=db.schema) == 1
+        assert fsm.transition(conn, row_id, event, expected_version=0, actor="test", to=to, schema=db.schema) == 1
         conn.commit()
         sql = f"SELECT event FROM {real_events} WHERE {SQL_ID_COLUMN} = %s"
         assert conn.execute(sql, (row_id,)).fetchall() == [(event,)]
@@ -555,7 +568,7 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
                     break
                 event, to, state = rng.choice(moves)
                 fired[event] += 1
-                version = machine.transition(
+                version = fsm.transition(
                     conn, row_id, event, expected_version=version, actor="test", to=to, schema=db.schema
                 ) or -1
         sql = (
