@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.harness import render_markdown
 
@@ -50,6 +52,7 @@ def run_console(block: str, cwd: Path, env: dict[str, str]) -> None:
             assert printed == shown, (command, printed)
 
 
+@pytest.mark.slow
 def test_the_tour_runs_exactly_as_written(tmp_path: Path) -> None:
     tour = section("A short tour")
     fences = render_markdown(tour).fences
@@ -102,8 +105,17 @@ def test_the_readmes_grants_are_exactly_the_ones_the_tests_give_the_application(
     from fsmc.targets import sql as sql_target
     from tests.pg_scratch import machine_of
 
-    roles = section("The PostgreSQL schema")
+    roles = section("Using it with PostgreSQL")
     start = roles.index("with exactly these grants")
     block = roles[roles.index("```sql\n", start) + len("```sql\n"): roles.index("```", roles.index("```sql\n", start) + 7)]
     statements = [line for line in block.splitlines() if line and not line.startswith("--")]
     assert statements == sql_target.app_grants(machine_of("job"), "app", "app_worker")
+
+
+def test_every_python_block_of_the_readme_is_python() -> None:
+    import ast
+
+    blocks = [code for info, code in render_markdown(README).fences if info == "python"]
+    assert len(blocks) >= 3
+    for code in blocks:
+        ast.parse(code)
