@@ -408,12 +408,24 @@ def _why_trapped(m: Machine, g: Any, escapes: set[str]) -> dict[str, str]:
 def lease_reclaim(m: Machine, g: Any) -> Iterator[Diagnostic]:
     if m.lease is None:
         return
+    held = {str(s) for s in m.lease.states}
     for state in m.lease.states:
         if (str(state), str(m.lease.reclaim)) not in m.targets:
             yield _at(
                 m, state, codes.LEASE_RECLAIM,
                 f"lease state '{state}' has no transition on the reclaim event "
                 f"'{m.lease.reclaim}', so a stale worker's job could never be reclaimed",
+            )  # fmt: skip
+    # The supervisor reclaims every stale row in one statement: nobody is there to pick
+    # a choice's target (it would silently take the first).
+    for t in m.transitions:
+        if str(t.source) in held and t.event == m.lease.reclaim and len(t.targets) > 1:
+            targets = ", ".join(f"'{x}'" for x in t.targets)
+            yield _at(
+                m, t.pos, codes.LEASE_RECLAIM,
+                f"the reclaim event '{t.event}' is a choice from lease state '{t.source}' "
+                f"(to {targets}), but reclaim fires in bulk and no caller picks a target: "
+                "give it one target",
             )  # fmt: skip
 
 

@@ -262,6 +262,18 @@ def test_lease_reclaim() -> None:
     )
 
 
+def test_lease_reclaim_refuses_a_choice() -> None:
+    # Reclaim fires in bulk, with nobody to pick a target: a choice there would take
+    # its first target silently (River's rescuer would have retried, not discarded).
+    assert_only(
+        "lease-reclaim",
+        BASE.replace("[start, finish]", "[start, finish, reclaim]")
+        + "  - @{from: running, event: reclaim, to: [queued, done]}\n"
+        + "lease: {states: [running], reclaim: reclaim}\n",
+        "is a choice from lease state 'running'",
+    )
+
+
 def test_unused_event_is_a_warning() -> None:
     found, want, messages = run(BASE.replace("[start, finish]", "[start, finish, @spare]"))
     assert found == want == [("unused-event", 9, 25)]
