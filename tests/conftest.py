@@ -36,7 +36,31 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", max_examples=60, deadline=None)
+# The fast path (tests/run.sh --fast): a third of the examples, a quick answer while editing.
+settings.register_profile("fast", max_examples=20, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+# --- markers: the fast path, and what starts first -----------------------------------------
+
+# The compiler's own stages: load, check, build (render), diff, migrate's script, the CLI.
+CORE = {"test_load", "test_rules", "test_invalid_specs", "test_golden", "test_diff", "test_cli",
+        "test_hostile_input", "test_limits", "test_machines", "test_mermaid", "test_migrate",
+        "test_injection", "test_fighting_names"}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks every test of a CORE module `core`, and every test that takes the database
+    (through `pg_dsn`, directly or by a fixture) `db`: the fast path is
+    `-m "core and not slow and not db"`. Tests marked `slow` (seconds each: a tool in a
+    process of its own, real Mermaid, megabytes of input) are moved first: with `-n 2`,
+    a long test that starts last keeps one worker busy after the other has finished."""
+    for item in items:
+        if item.path.stem in CORE:
+            item.add_marker(pytest.mark.core)
+        if "pg_dsn" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.db)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what it needs, then runs pytest.
 # Usage: bash tests/run.sh [pytest args...]
+#        bash tests/run.sh --fast [pytest args...]   the core stages only (tests/README.md)
 # Database tests use FSMC_PG_DSN (e.g. postgresql://postgres@127.0.0.1:5432/postgres);
 # .ci/run sets it and requires them, so in CI they never skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The npm packages that check Mermaid install in the background, beside pip.
+fast=
+if [ "${1:-}" = "--fast" ]; then
+    fast=1
+    shift
+fi
+
+# The npm packages that check Mermaid install in the background, beside pip (the fast
+# path runs no Mermaid, so it installs none).
 npm_pid=
-if [ ! -d tests/mermaid/node_modules ] || [ tests/mermaid/package-lock.json -nt tests/mermaid/node_modules ]; then
+if [ -z "$fast" ] && { [ ! -d tests/mermaid/node_modules ] || [ tests/mermaid/package-lock.json -nt tests/mermaid/node_modules ]; }; then
     npm ci --prefix tests/mermaid --no-audit --no-fund --loglevel=error &
     npm_pid=$!
 fi
@@ -29,4 +37,12 @@ if [ -n "$npm_pid" ]; then
     wait "$npm_pid"
 fi
 export PATH="$PWD/.venv/bin:$PATH"
-exec python -m pytest -n 2 "$@"
+if [ -n "$fast" ]; then
+    # No database, no Mermaid, no tool in a process of its own: what a change to the
+    # compiler's stages breaks first, in seconds. Not a substitute for the whole run.
+    export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-fast}"
+    exec python -m pytest -n 2 -m "core and not slow and not db" "$@"
+fi
+# Tests marked slow are collected first (tests/conftest.py); handing each worker two
+# tests at a time, rather than a quarter of the suite at once, spreads them over both.
+exec python -m pytest -n 2 --maxschedchunk 2 "$@"

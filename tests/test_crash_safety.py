@@ -105,6 +105,7 @@ def moments(calls: list[str]) -> list[tuple[int, str]]:
     return sorted(chosen)
 
 
+@pytest.mark.slow
 def test_a_build_killed_at_any_moment_leaves_old_or_new_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -301,6 +301,7 @@ def test_rev_path_reads_old_from_git(tmp_path, monkeypatch, fsmc) -> None:  # ty
     assert ran.err.startswith("fsmc: error: HEAD~3:spec.yaml:")
 
 
+@pytest.mark.slow
 def test_the_command_as_a_subprocess() -> None:
     case = CASES / "removed_state"
     done = subprocess.run(
@@ -345,6 +346,7 @@ def _on_a_tty(args: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.wait(timeout=60), b"".join(chunks).decode()
 
 
+@pytest.mark.slow
 def test_colour_on_a_tty_unless_no_color() -> None:
     case = CASES / "removed_state"
     args = ["diff", str(case / "old.yaml"), str(case / "new.yaml")]
@@ -361,6 +363,7 @@ def test_colour_on_a_tty_unless_no_color() -> None:
 # --- real Mermaid -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_markdown_diagram_parses_in_real_mermaid_and_draws_the_changes() -> None:
     from tests.mermaid_check import mermaid_blocks, parse_all
 

@@ -123,12 +123,14 @@ def test_no_module_shadows_the_standard_library(built: Path) -> None:
         assert modules and not set(modules) & sys.stdlib_module_names, modules
 
 
+@pytest.mark.slow
 def test_the_generated_suites_pass(built: Path) -> None:
     done = run_pytest("-p", "no:randomly", built, cwd=built)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
 
 
+@pytest.mark.slow
 def test_ruff_and_mypy_strict_pass(built: Path) -> None:
     ruff = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "."],
                           capture_output=True, text=True, cwd=built)  # fmt: skip
@@ -139,6 +141,7 @@ def test_ruff_and_mypy_strict_pass(built: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_real_mermaid_draws_every_name(built: Path) -> None:
     texts, wanted = [], []
     for name, spec in SPECS.items():

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import GENERATED, ROOT, SPECS
 
 IGNORED = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
@@ -41,6 +43,7 @@ def test_build_check_passes_on_the_repository(fsmc, monkeypatch) -> None:  # typ
     assert (ran.code, ran.err) == (0, "")
 
 
+@pytest.mark.slow
 def test_output_does_not_depend_on_the_hash_seed(tmp_path) -> None:
     outputs = []
     for seed in ("1", "2"):

@@ -66,6 +66,7 @@ def check_and_build(path: Path, out: Path) -> None:
 # --- hypothesis ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(suppress_health_check=HEALTH)
 @given(
     base=st.one_of(st.sampled_from(sorted(BASES)).map(lambda k: yaml.safe_load(BASES[k])),
@@ -220,6 +221,7 @@ HOSTILE: dict[str, tuple[bytes, int, str | None]] = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_files_end_in_clear_diagnostics(name: str, tmp_path: Path) -> None:
     data, status, code = HOSTILE[name]
@@ -437,6 +439,7 @@ def test_a_rev_cannot_smuggle_options_into_git(tmp_path: Path) -> None:
     assert not any(p.name.startswith("written-by-git") for p in tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_the_real_entry_point_never_prints_a_traceback(tmp_path: Path) -> None:
     files = {name: data for name, (data, _, _) in HOSTILE.items() if len(data) < 2**20}
     paths = []

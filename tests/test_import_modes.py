@@ -29,6 +29,7 @@ def layout(tmp_path: Path, where: str) -> tuple[Path, Path]:
     return project, folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["plain folder", "package"])
 @pytest.mark.parametrize("mode", ["prepend", "append", "importlib"])
 def test_the_generated_suite_runs_in_every_import_mode(where: str, mode: str, tmp_path: Path) -> None:

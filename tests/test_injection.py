@@ -121,6 +121,7 @@ def assert_descriptions_change_nothing(
     return hostile, plain
 
 
+@pytest.mark.slow
 @settings(suppress_health_check=HEALTH)
 @given(spec=machines())
 def test_random_machines_with_hostile_text_compile_to_exactly_their_spec(
@@ -154,6 +155,7 @@ def hostile_builds(tmp: Path, count: int) -> Iterator[Built]:
         yield spec, files, plain
 
 
+@pytest.mark.slow
 def test_hostile_outputs_pass_ruff_real_mermaid_and_their_own_suites(tmp_path: Path) -> None:
     built = list(hostile_builds(tmp_path, 40))
     everything = tmp_path / "all"
@@ -168,6 +170,7 @@ def test_hostile_outputs_pass_ruff_real_mermaid_and_their_own_suites(tmp_path: P
     assert suites.returncode == 0, suites.stdout[-6000:]
 
 
+@pytest.mark.slow
 def test_hostile_sql_defines_exactly_the_expected_objects(tmp_path: Path, pg_dsn: str) -> None:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -263,6 +266,7 @@ def test_a_hostile_spec_file_name_changes_nothing_but_comments(
         assert "\x1b" not in hostile[kind], kind
 
 
+@pytest.mark.slow
 def test_a_one_state_machine_gets_a_suite_that_passes(tmp_path: Path) -> None:
     # The smallest valid machine: its initial state is its only, terminal, state.
     spec = {"fsmc": 1, "machine": "single", "initial": "done", "states": ["done"],

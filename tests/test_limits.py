@@ -51,6 +51,7 @@ def chain(n: int, description: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "shape", ["25,000 states", "2,000 states with 1 KiB descriptions"]
 )
@@ -65,6 +66,7 @@ def test_a_2_mb_spec_builds_in_bounded_time_and_memory(shape: str, tmp_path: Pat
     assert (tmp_path / "out" / "big" / "fsm_big.py").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_many_misspelt_names_among_many_states_end_within_seconds(tmp_path: Path) -> None:
     # 30,000 unknown targets, each once compared with all 30,000 states for a
     # "did you mean": 900 million comparisons, which ran for hours.
@@ -81,6 +83,7 @@ def test_many_misspelt_names_among_many_states_end_within_seconds(tmp_path: Path
     assert cpu < 15 and peak < 600 * MiB, (cpu, peak / MiB)
 
 
+@pytest.mark.slow
 def test_a_4_mib_file_of_schema_errors_ends_within_seconds(tmp_path: Path) -> None:
     head = "fsmc: 1\nmachine: job\ninitial: a\nstates: [a]\nterminals: [a]\nevents: [e]\n"
     row = "- {from: 1, event: 2, to: 3}\n"
@@ -98,6 +101,7 @@ def test_a_4_mib_file_of_schema_errors_ends_within_seconds(tmp_path: Path) -> No
     assert cpu < 20 and peak < 768 * MiB, (cpu, peak / MiB)
 
 
+@pytest.mark.slow
 def test_input_past_each_limit_is_refused_naming_the_limit(tmp_path: Path) -> None:
     cases = {
         "size.yaml": ("#" * (MAX_BYTES + 1), "larger than 4.0 MiB"),

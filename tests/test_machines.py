@@ -63,6 +63,7 @@ def _run(*argv: str, cwd: Path, dsn: str = "") -> subprocess.CompletedProcess[st
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_every_machine_builds_and_its_generated_code_passes(tmp_path: Path) -> None:
     folders = _build(tmp_path)
     done = run_pytest(*folders, cwd=tmp_path, dsn="")
@@ -73,6 +74,7 @@ def test_every_machine_builds_and_its_generated_code_passes(tmp_path: Path) -> N
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_real_mermaid_draws_one_arrow_per_choice_target() -> None:
     from fsmc.targets import mermaid
     from tests import mermaid_check
@@ -136,6 +138,7 @@ def test_every_machine_fits_the_published_json_schema() -> None:
         assert list(validator.iter_errors(yaml.safe_load(spec.read_text()))) == [], spec.name
 
 
+@pytest.mark.slow
 def test_every_machines_generated_suite_passes_against_postgresql(tmp_path: Path, pg_dsn: str) -> None:
     # The database part of each generated suite: the .sql installs, every transition
     # and choice target moves a row, every other pair and every cap is refused.

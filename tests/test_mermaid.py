@@ -263,6 +263,7 @@ def draws(parsed: Parsed, spec: Spec) -> list[str]:
 # --- the check itself -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_mermaid_is_installed() -> None:
     mermaid_check.require_mermaid()
 
@@ -275,6 +276,7 @@ def test_missing_node_modules_fails_with_the_install_command(
         mermaid_check.parse_all(["stateDiagram-v2\n    [*] --> a\n"])
 
 
+@pytest.mark.slow
 def test_the_checker_sees_parse_errors_and_misdrawn_names(parsed: Parsed) -> None:
     """Each alias fsmc makes is needed: unaliased, real Mermaid rejects or mis-draws."""
     for spec in [*map(as_initial, sorted(mermaid.RESERVED)), *DIRECTION_SPECS]:
@@ -285,6 +287,7 @@ def test_the_checker_sees_parse_errors_and_misdrawn_names(parsed: Parsed) -> Non
 # --- the checked-in output --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_generated_diagrams_parse_as_state_diagrams(parsed: Parsed) -> None:
     checked = [k for k in parsed.results if k.startswith("generated/")]
     assert len([k for k in checked if k.endswith(".mmd")]) >= 3, checked
@@ -297,6 +300,7 @@ def test_generated_diagrams_parse_as_state_diagrams(parsed: Parsed) -> None:
     assert not bad
 
 
+@pytest.mark.slow
 def test_generated_diagrams_draw_their_specs(parsed: Parsed) -> None:
     for mmd in sorted(GENERATED.glob("*/*.mmd")):
         checked = pipeline.check(source.read(str(ROOT / "specs" / f"{mmd.parent.name}.yaml")))
@@ -313,6 +317,7 @@ def test_generated_diagrams_draw_their_specs(parsed: Parsed) -> None:
 # --- names ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_keyword_names_draw_with_their_own_labels(parsed: Parsed) -> None:
     found = [
         p for spec in [*map(as_initial, NAMES), as_terminals(NAMES)] for p in draws(parsed, spec)
@@ -320,6 +325,7 @@ def test_keyword_names_draw_with_their_own_labels(parsed: Parsed) -> None:
     assert not found, "\n".join(found)
 
 
+@pytest.mark.slow
 def test_only_names_mermaid_misreads_are_aliased(parsed: Parsed) -> None:
     for n in NAMES:
         text = parsed.texts[as_initial(n).name]
@@ -329,6 +335,7 @@ def test_only_names_mermaid_misreads_are_aliased(parsed: Parsed) -> None:
         assert plain != aliased, text
 
 
+@pytest.mark.slow
 def test_direction_lines_cannot_swallow_the_next(parsed: Parsed) -> None:
     found = [p for spec in DIRECTION_SPECS for p in draws(parsed, spec)]
     assert not found, "\n".join(found)
@@ -336,6 +343,7 @@ def test_direction_lines_cannot_swallow_the_next(parsed: Parsed) -> None:
     assert "    [*] --> redirection\n    S_tbx --> halted: stop\n" in parsed.texts["dir_initial"]
 
 
+@pytest.mark.slow
 def test_tb_lr_names_stay_plain_without_direction(parsed: Parsed) -> None:
     assert not draws(parsed, PLAIN_DIRECTIONS)
     text = parsed.texts["dir_plain"]
@@ -343,6 +351,7 @@ def test_tb_lr_names_stay_plain_without_direction(parsed: Parsed) -> None:
     assert "    tbd --> lr_x: b\n" in text
 
 
+@pytest.mark.slow
 def test_readme_embeds_the_same_diagram(parsed: Parsed) -> None:
     for spec in [as_initial("note"), as_terminals(NAMES), *DIRECTION_SPECS, big_spec()]:
         mmd = parsed.texts[spec.name]
@@ -350,6 +359,7 @@ def test_readme_embeds_the_same_diagram(parsed: Parsed) -> None:
         assert parsed.texts[spec.name + "/README"] == body, spec.name
 
 
+@pytest.mark.slow
 def test_graph_draws_states_on_no_arrow(parsed: Parsed) -> None:
     assert not list(problems(parsed.results["graph/lonely"], LONELY))
 
@@ -357,6 +367,7 @@ def test_graph_draws_states_on_no_arrow(parsed: Parsed) -> None:
 # --- size -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_big_machine_warns_and_still_parses(parsed: Parsed) -> None:
     text = parsed.texts["big"]
     assert len(text) > mermaid.MAX_TEXT
@@ -382,6 +393,7 @@ def test_the_limit_is_measured_as_mermaid_measures_it() -> None:
         assert bool(warned) == (size > mermaid.MAX_TEXT), warned
 
 
+@pytest.mark.slow
 def test_small_machines_do_not_warn(parsed: Parsed) -> None:
     assert parsed.build_stderr["names"] == ""
     assert parsed.build_stderr["direction"] == ""

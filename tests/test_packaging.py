@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, SPECS, Wheel
 
 
@@ -25,6 +27,7 @@ def test_every_package_directory_is_listed_in_pyproject() -> None:
     assert found | {"fsmc.templates"} == listed
 
 
+@pytest.mark.slow
 def test_an_installed_fsmc_builds_outside_the_source_tree(fsmc_wheel: Wheel, tmp_path: Path) -> None:
     site = tmp_path / "site"
     done = subprocess.run(

@@ -93,6 +93,7 @@ def project(hook_repo: tuple[Path, str], tmp_path_factory: pytest.TempPathFactor
     return project, env
 
 
+@pytest.mark.slow
 def test_pre_commit_runs_both_hooks_with_the_expected_exit_codes(project: tuple[Path, dict[str, str]]) -> None:
     where, env = project
     # Both runs use the environment install-hooks made: side by side, nothing to install.

@@ -11,12 +11,15 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, SPECS, Wheel
 from tests.harness import render_markdown
 
 README = (ROOT / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_wheel_carries_the_mit_license_without_a_setuptools_warning(fsmc_wheel: Wheel) -> None:
     assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
     assert "fsmc authors" in (ROOT / "LICENSE").read_text()
@@ -46,6 +49,7 @@ def editor_support() -> tuple[str, str, dict[str, list[str]]]:
     return fences["sh"].strip(), fences["yaml"].strip(), settings["yaml.schemas"]
 
 
+@pytest.mark.slow
 def test_every_example_spec_validates_against_the_schema_as_editors_are_told(tmp_path: Path) -> None:
     save, modeline, schemas = editor_support()
     assert save == "fsmc schema > fsmc.schema.json"
