@@ -8,7 +8,7 @@ specs/job.yaml and needs psycopg 3 and, for the pgbench figures, `pgbench` on PA
 The schema is installed as the README says: a scratch schema owned by a fresh
 non-superuser role (with CREATEROLE, so that the `.sql` creates its installation's
 NOLOGIN writer role), the generated `.sql` run as that owner, and an application
-role with only the README's grants (`sql_target.app_grants`, as tests/pg_scratch.py has them).
+role with only the README's grants (`install.app_grants`, as tests/pg_scratch.py has them).
 Every timed call runs as the application role, with synchronous_commit on (unless
 --synchronous-commit off), each transition its own transaction. Schema and roles,
 the writer included, are dropped at the end.
@@ -99,7 +99,10 @@ from psycopg import conninfo  # noqa: E402
 from fsmc import facts, pipeline, source  # noqa: E402
 from fsmc.escape import sql_str  # noqa: E402
 from fsmc.model import Machine  # noqa: E402
-from fsmc.targets import sql as sql_target  # noqa: E402
+from fsmc.targets.postgres.build import build, emit  # noqa: E402
+from fsmc.targets.postgres.encode import claim_assignments  # noqa: E402
+from fsmc.targets.postgres.install import app_grants  # noqa: E402
+from fsmc.targets.postgres.names import Names  # noqa: E402
 
 # Where every benchmark script connects unless told otherwise (`--dsn`).
 DEFAULT_DSN = os.environ.get("FSMC_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -115,7 +118,7 @@ FIRST_PGBENCH_ROW = 1_000_000  # the Python workers' rows are 1 .. 8 * ROWS_PER_
 NEXT = {"queued": ("claim", "claimed"), "claimed": ("start", "running"),
         "running": ("reclaim", "queued")}  # fmt: skip
 
-# What an application role needs, and all it gets: `sql_target.app_grants`, the README's list.
+# What an application role needs, and all it gets: `install.app_grants`, the README's list.
 
 
 
@@ -126,7 +129,7 @@ def row_id(number: str) -> str:
 
 # The same UPDATE apply makes (version check, lease bookkeeping): the claim rule's
 # SET clauses from fsmc.facts, as the SQL target writes them, over a parameter.
-LEASE_SET = ",\n    ".join(sql_target.claim_assignments("%(lease)s", "%(actor)s"))
+LEASE_SET = ",\n    ".join(claim_assignments("%(lease)s", "%(actor)s"))
 CTE_SQL = f"""
 WITH moved AS (
     UPDATE jobs_bare SET state = %(to)s, entered_at = pg_catalog.now(),
@@ -186,7 +189,7 @@ def unchecked_function(machine: Machine) -> str:
             for s, moves in facts.by_state(machine)
         )  # fmt: skip
 
-    claims = ",\n        ".join(sql_target.claim_assignments("v_lease", "job_apply_unchecked.actor", "t"))
+    claims = ",\n        ".join(claim_assignments("v_lease", "job_apply_unchecked.actor", "t"))
     return f"""
 CREATE FUNCTION job_apply_unchecked(
     id uuid, event text, expected_version bigint, actor text, payload jsonb DEFAULT NULL,
@@ -255,8 +258,9 @@ def setup(dsn: str, schema: str, machine: Machine) -> None:
         admin.execute(f"CREATE SCHEMA {schema} AUTHORIZATION {owner}")
     try:
         with psycopg.connect(dsn, user=owner, options=f"-c search_path={schema}") as conn:
-            conn.execute(sql_target.emit(machine).encode())  # one script, as psql -1 -f would
-            conn.execute("\n".join(sql_target.app_grants(machine, schema, app)).encode())
+            pg = build(machine)
+            conn.execute(emit(pg).encode())  # one script, as psql -1 -f would
+            conn.execute("\n".join(app_grants(pg.install, schema, app)).encode())
             # Bare copies: same columns, defaults, primary keys, partial indexes and
             # fillfactor; no CHECK, no trigger, no foreign key.
             conn.execute("CREATE TABLE jobs_bare (LIKE jobs INCLUDING DEFAULTS INCLUDING INDEXES)"
@@ -280,7 +284,7 @@ def teardown(dsn: str, schema: str) -> None:
     """Drop the schema, its two roles and the writer role its installation made."""
     roles = [app_of(schema), owner_of(schema)]
     with psycopg.connect(dsn, autocommit=True) as admin:
-        name_of = f"{schema}.{sql_target.Names.of(JOB).writer}()"  # the writer's name
+        name_of = f"{schema}.{Names.of(JOB).sql.writer}()"  # the writer's name
         if admin.execute("SELECT to_regprocedure(%s)", (name_of,)).fetchone() != (None,):
             found = admin.execute(f"SELECT {name_of}").fetchone()
             roles += [] if found is None else [str(found[0])]
@@ -409,7 +413,7 @@ def pgbench_step(method: str, step: tuple[str, str, str, str]) -> str:
         return f"SELECT job_apply({ident}, {sql_str(event)}, :v, 'bench');"
     if method == "function":
         return f"SELECT job_apply_unchecked({ident}, {sql_str(event)}, :v, 'bench');"
-    claims = ", ".join(sql_target.claim_assignments(sql_str(change), "'bench'", "t"))
+    claims = ", ".join(claim_assignments(sql_str(change), "'bench'", "t"))
     move = (f"UPDATE jobs_bare AS t SET state = {sql_str(to)}, entered_at = pg_catalog.now(),"
             f" state_version = t.state_version + 1, {claims}")  # fmt: skip
     insert = "INSERT INTO job_events_bare (job_id, version, from_state, event, to_state, actor)"

@@ -48,9 +48,9 @@ for path in (ROOT, ROOT / "benchmarks"):
 import bench_db  # noqa: E402
 import psycopg  # noqa: E402
 
-from fsmc.targets import sql as sql_target  # noqa: E402
+from fsmc.targets.postgres.names import Names  # noqa: E402
 
-N = sql_target.Names.of(bench_db.JOB)
+N = Names.of(bench_db.JOB).sql
 APPLY = f"{N.apply}(uuid, text, bigint, text, jsonb, text)"
 
 # What each variant takes out, as statements run by a superuser in its schema.

@@ -36,7 +36,7 @@ for path in (ROOT, ROOT / "benchmarks"):
 import bench_db  # noqa: E402
 import psycopg  # noqa: E402
 
-from fsmc.targets import sql as sql_target  # noqa: E402
+from fsmc.targets.postgres.names import Names  # noqa: E402
 
 CONNECTIONS = (1, 8)
 # The functions that carried `SET search_path FROM CURRENT` before issue 8.
@@ -46,7 +46,7 @@ PINNED_BEFORE = ("apply", "heartbeat", "reclaim", "check_logged", "check_event")
 def unpin(dsn: str, schema: str) -> None:
     """Take the schema's functions back to their settings before issue 8."""
     machine = bench_db.job_machine()
-    before = {sql_target.Names.of(machine).__getattribute__(f).strip('"') for f in PINNED_BEFORE}
+    before = {getattr(Names.of(machine), f) for f in PINNED_BEFORE}  # raw, as pg_proc holds them
     with psycopg.connect(dsn, autocommit=True) as conn:
         functions = conn.execute(
             "SELECT p.oid::regprocedure::text, p.proname FROM pg_proc AS p"

@@ -66,15 +66,26 @@ def lease_change(machine: Machine, source: str, target: str) -> Change:
 
 
 def reclaim_moves(machine: Machine) -> list[tuple[str, str, Change]]:
-    """(lease state, target, change) for each lease state the reclaim event leaves."""
+    """(lease state, target, change) for each lease state the reclaim event leaves by
+    one transition. A lease state whose reclaim move is a choice has none: reclaim
+    names no target, so it cannot pick one (`reclaim_choices`)."""
     if machine.lease is None:
         return []
-    reclaim = str(machine.lease.reclaim)
+    reclaim, single = str(machine.lease.reclaim), machine.single
     return [
-        (s, machine.table[s, reclaim], lease_change(machine, s, machine.table[s, reclaim]))
+        (s, single[s, reclaim], lease_change(machine, s, single[s, reclaim]))
         for s in lease_states(machine)
-        if (s, reclaim) in machine.table
+        if (s, reclaim) in single
     ]
+
+
+def reclaim_choices(machine: Machine) -> list[tuple[str, tuple[str, ...]]]:
+    """(lease state, its targets) for each lease state where the reclaim event is a
+    choice: reclaim cannot move those rows (it names no target), so they stay put."""
+    if machine.lease is None:
+        return []
+    reclaim, choices = str(machine.lease.reclaim), machine.choices
+    return [(s, choices[s, reclaim]) for s in lease_states(machine) if (s, reclaim) in choices]
 
 
 def terminals(machine: Machine) -> list[str]:

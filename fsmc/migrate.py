@@ -6,13 +6,15 @@ empty string when both specs build the same schema (the same machine digest:
 formatting, descriptions and order change nothing a database holds). It raises
 `Unsupported` for a pair it will not script (below); the CLI makes that exit 2.
 
-How the script is made: from models, never from SQL text. `fsmc.targets.sql.schema`
-builds the `fsmc.targets.pgschema.Schema` of OLD and of NEW, the same model `build`
-renders, so the migration always builds what the SQL target builds. First the
-names: `mid` is OLD's machine under NEW's `postgres` names; `Names` of OLD and of
-mid are compared field by field, and each name that differs is renamed (as a
-table, constraint or index, whichever OLD's schema has under it). Then `plan`
-compares mid's schema with NEW's: columns added or dropped, defaults, CHECK
+How the script is made: from models, never from SQL text, over finished builds.
+`fsmc.targets.postgres.build.build` makes the `Build` of OLD, of mid (OLD's machine
+under NEW's `postgres` names: what the database is once renamed) and of NEW, each
+once; their `Schema`s are the model `fsmc build` renders, so the migration always
+builds what the SQL target builds. First the names: the raw `Names` of OLD's and
+mid's builds are compared field by field, and each name that differs is renamed
+(as a table, constraint or index, whichever OLD's schema has under it). Then the
+steps an older schema format needs (`fsmc.targets.postgres.formats`, from OLD's
+build). Then `plan` compares mid's schema with NEW's: columns added or dropped, defaults, CHECK
 constraints, storage parameters, indexes, views, functions, triggers. Every
 function is replaced (CREATE OR REPLACE keeps its grants and owner; one whose
 result type or parameter names change is dropped first; one whose argument types
@@ -127,11 +129,13 @@ from fsmc.diff_render import rows
 from fsmc.digest import machine_digest
 from fsmc.escape import SQL_NAME_MAX, sql_ident, sql_text_array
 from fsmc.model import Machine
-from fsmc.targets import sql as sql_target
 from fsmc.targets.common import migration_header
-from fsmc.targets.pgschema import Function, Index, Schema, Table, Trigger, View, unquote
-from fsmc.targets.sql import Names, as_variables
-from fsmc.templating import render
+from fsmc.targets.postgres.build import Build, build
+from fsmc.targets.postgres.formats import Upgrades, upgrades
+from fsmc.targets.postgres.install import app_writes, callable_functions
+from fsmc.targets.postgres.model import Function, Index, Schema, Table, Trigger, View
+from fsmc.targets.postgres.names import Names, Quoted, count_column
+from fsmc.templating import as_variables, render
 
 LOCK_TIMEOUT = "5s"
 
@@ -153,12 +157,18 @@ def migrate(
         raise Unsupported("\n".join(refused))
     if machine_digest(old) == machine_digest(new):
         return ""
-    return render("migrate.sql.j2", **as_variables(context(old, new, lock_timeout)),
+    # Each built once: everything below takes these builds, never a machine.
+    before, mid, after = build(old), build(mid_machine(old, new)), build(new)
+    refused = traded_names(before, mid)
+    if refused:
+        raise Unsupported("\n".join(refused))
+    return render("migrate.sql.j2", **as_variables(context(before, mid, after, lock_timeout)),
                   transaction=transaction)  # fmt: skip
 
 
 def refusals(old: Machine, new: Machine) -> list[str]:
-    """Why `fsmc migrate` will not script this pair (empty: it will)."""
+    """Why `fsmc migrate` will not script this pair, as far as the machines tell
+    (empty: it may; `traded_names` asks their builds the rest)."""
     out: list[str] = []
     if old.name != new.name:
         return [
@@ -173,15 +183,20 @@ def refusals(old: Machine, new: Machine) -> list[str]:
             "breaking their callers and grants); keep the id type, or migrate by hand"
         )
         return out
-    renames = Renames.of(old, new, sql_target.schema(old))
-    traded = sorted(set(renames.old_names) & set(renames.new_names))
-    if traded:
-        out.append(
-            "NEW gives names OLD used to other objects "
-            f"({', '.join(unquote(n) for n in traded)}): fsmc migrate does not "
-            "trade names between objects; rename in two releases (first to unused names)"
-        )
     return out
+
+
+def traded_names(old: Build, mid: Build) -> list[str]:
+    """Refused: NEW giving a name OLD used to another object (empty: none)."""
+    renames = Renames.of(old, mid)
+    traded = sorted(set(renames.old_names) & set(renames.new_names))
+    if not traded:
+        return []
+    return [
+        "NEW gives names OLD used to other objects "
+        f"({', '.join(traded)}): fsmc migrate does not "
+        "trade names between objects; rename in two releases (first to unused names)"
+    ]
 
 
 def mid_machine(old: Machine, new: Machine) -> Machine:
@@ -191,7 +206,8 @@ def mid_machine(old: Machine, new: Machine) -> Machine:
 
 @dataclass(frozen=True)
 class Renames:
-    """Every name OLD's schema gives that mid's gives otherwise (as SQL spells them)."""
+    """Every name OLD's build gives that mid's gives otherwise (raw: the template
+    quotes them)."""
 
     tables: tuple[tuple[str, str], ...]  # (old, new)
     constraints: tuple[tuple[str, str, str], ...]  # (table as renamed, old, new)
@@ -207,43 +223,47 @@ class Renames:
         return (
             [n for _, n in self.tables + self.indexes]
             + [n for _, _, n in self.constraints]
-            + [sql_ident(s) for _, _, s in self.sequences]
+            + [s for _, _, s in self.sequences]
         )
 
     def __bool__(self) -> bool:
         return bool(self.tables or self.constraints or self.indexes or self.sequences)
 
     @staticmethod
-    def of(old: Machine, new: Machine, old_schema: Schema) -> Renames:
+    def of(old: Build, mid: Build) -> Renames:
         """`Names` of OLD and of mid, field by field; what each differing name is
-        (a table, a constraint, an index) OLD's schema says."""
-        before, after = Names.of(old), Names.of(mid_machine(old, new))
-        tables = {t.name: t for t in old_schema.tables}
-        constraint_of = {c.name: t.name for t in old_schema.tables for c in t.constraints}
-        indexes = {i.name for i in old_schema.indexes}
-        others = {f.name for f in old_schema.functions} | {g.name for g in old_schema.triggers}
-        others |= {c.name for t in old_schema.tables for c in t.columns}
+        (a table, a constraint, an index) OLD's schema says, asked by the name as
+        SQL spells it (the model's)."""
+        before, after, schema = old.names, mid.names, old.schema
+        raw_tables = {sql_ident(t): t for t in (before.table, before.events_table, before.purge_tickets)}
+        tables = {t.name: t for t in schema.tables}
+        constraint_of = {c.name: raw_tables[t.name] for t in schema.tables for c in t.constraints}
+        indexes = {i.name for i in schema.indexes}
+        others = {f.name for f in schema.functions} | {g.name for g in schema.triggers}
+        others |= {c.name for t in schema.tables for c in t.columns}
         changed = [
             (getattr(before, f.name), getattr(after, f.name))
             for f in dataclasses.fields(Names)
             if getattr(before, f.name) != getattr(after, f.name)
         ]
-        renamed_table = {was: now for was, now in changed if was in tables}
+        renamed_table = {was: now for was, now in changed if sql_ident(was) in tables}
         out_constraints: list[tuple[str, str, str]] = []
         out_indexes: list[tuple[str, str]] = []
         for was, now in changed:
-            if was in constraint_of:
-                table = constraint_of[was]
+            spelled = sql_ident(was)
+            if spelled in constraint_of:
+                table = constraint_of[spelled]
                 out_constraints.append((renamed_table.get(table, table), was, now))
-            elif was in indexes:
+            elif spelled in indexes:
                 out_indexes.append((was, now))
             else:
                 # Named after the machine (which does not change), or not built by OLD.
-                assert was in tables or was not in others, f"fsmc migrate cannot rename {was}"
+                assert spelled in tables or spelled not in others, f"fsmc migrate cannot rename {was}"
+        # The identity column is `id`, which SQL spells bare: its model name is its name.
         sequences = [
-            (now, c.name, identity_sequence(unquote(now), unquote(c.name)))
+            (now, c.name, identity_sequence(now, c.name))
             for was, now in renamed_table.items()
-            for c in tables[was].columns
+            for c in tables[sql_ident(was)].columns
             if c.identity
         ]
         return Renames(
@@ -387,7 +407,8 @@ def plan(mid: Schema, new: Schema) -> Plan:
 
 @dataclass(frozen=True)
 class MigrateContext:
-    """What templates/migrate.sql.j2 fills in."""
+    """What templates/migrate.sql.j2 fills in (its fields are its variables, with
+    `transaction`, which `migrate` passes beside it)."""
 
     machine: str
     header: str
@@ -395,18 +416,11 @@ class MigrateContext:
     new_digest: str
     changes: list[str]  # fsmc diff's rows, as the script's header lists them
     lock_timeout: str
-    old: Names
-    n: Names
+    old: Quoted  # OLD's names, as SQL spells them
+    n: Quoted  # NEW's
     digest_signature: str
     format_signature: str
-    format_upgrade: list[str]  # what format 2 added, under OLD's names (format_upgrade)
-    format3_dropped: str  # format 2's `_apply`, without to_state (its signature)
-    format4_domains: list[str]  # OLD's domains (CREATE DOMAIN), which format 4's CHECKs cast to
-    format4_checks: list[tuple[str, str, str, bool]]  # (table, name, definition, history): the CHECKs casting to them
-    format4_dropped: str  # the function format 3's triple CHECK called (its signature)
-    format5_domain: str  # OLD's moves domain (CREATE DOMAIN), which format 5's triple CHECK casts to
-    format5_check: str  # that CHECK's definition
-    format5_dropped: str  # the domain format 4's triple CHECK cast to
+    formats: Upgrades  # what older schema formats lack, under OLD's names
     writer_functions: str  # the SECURITY DEFINER functions NEW has, comma-separated
     app_writes: tuple[str, str]  # the application's column privileges on NEW's two tables
     apply_signature: str  # NEW's `_apply`, as regprocedure reads it
@@ -431,82 +445,59 @@ class CapChange:
 
     event: str
     cap: int
-    column: str  # its count column (sql_target.count_column)
+    column: str  # its count column, as SQL spells it
     added: bool  # OLD has no such cap: the column is added, then filled from history
 
 
-def format_upgrade(old: Schema, n: Names) -> list[str]:
-    """What format 2 (`sql_target.SCHEMA_FORMAT`) added to a schema, as OLD's model
-    builds it under OLD's names: the claim and purge indexes, the purge ticket table,
-    the intervals view. The script creates them in a database that has no
-    `<machine>_fsmc_format()` (built by an fsmc before format 2), after adding and
-    filling the two timestamp columns, so every later step finds what it expects."""
-    indexes = [i.create() for i in old.indexes if i.name in (n.claim_index, n.purge_index)]
-    tickets = [t.create() for t in old.tables if t.name == n.purge_tickets]
-    views = [v.create() for v in old.views if v.name == n.intervals]
-    return indexes + tickets + views
-
-
-def context(old: Machine, new: Machine, lock_timeout: str) -> MigrateContext:
-    names = Names.of(new)
-    old_schema, new_schema = sql_target.schema(old), sql_target.schema(new)
+def context(old: Build, mid: Build, new: Build, lock_timeout: str) -> MigrateContext:
+    """The script's context from the builds of OLD, mid (OLD under NEW's names) and NEW."""
+    n = new.names.sql
     # The digest function is replaced last: it records that the migration is done.
-    digest = next(f for f in new_schema.functions if f.name == names.digest)
+    digest = next(f for f in new.schema.functions if f.name == n.digest)
     changes_to = dataclasses.replace(
-        new_schema, functions=tuple(f for f in new_schema.functions if f is not digest)
+        new.schema, functions=tuple(f for f in new.schema.functions if f is not digest)
     )
-    mid_schema = sql_target.schema(mid_machine(old, new))
     changes_from = dataclasses.replace(
-        mid_schema, functions=tuple(f for f in mid_schema.functions if f.name != names.digest)
+        mid.schema, functions=tuple(f for f in mid.schema.functions if f.name != n.digest)
     )
-    lease_start, lease_end = facts.lease_starts_and_ends(old, new)
-    _, old_moves = sql_target.spec_domains(old)
-    removed_states = facts.removed_states(old, new)
-    caps = [CapChange(e, cap, sql_target.count_column(e), added) for e, cap, added in facts.tightened_caps(old, new)]
+    lease_start, lease_end = facts.lease_starts_and_ends(old.machine, new.machine)
+    removed_states = facts.removed_states(old.machine, new.machine)
+    caps = [
+        CapChange(e, cap, sql_ident(count_column(e)), added)
+        for e, cap, added in facts.tightened_caps(old.machine, new.machine)
+    ]
     filled = [c for c in caps if c.added]
     changes = []
-    for r in rows(compare(old, new)):
+    for r in rows(compare(old.machine, new.machine)):
         line = f"{r.mark} {r.kind} {r.subject}" + (f" ({r.note})" if r.note else "")
         changes.append(line + ("  BREAKING" if r.breaking else ""))
     return MigrateContext(
-        machine=str(new.name),
-        header=migration_header(old, new),
-        old_digest=machine_digest(old),
-        new_digest=machine_digest(new),
+        machine=str(new.machine.name),
+        header=migration_header(old.machine, new.machine),
+        old_digest=machine_digest(old.machine),
+        new_digest=machine_digest(new.machine),
         changes=changes,
         lock_timeout=lock_timeout,
-        old=Names.of(old),
-        n=names,
-        digest_signature=f"{names.digest}()",
-        format_signature=f"{names.format}()",
-        format_upgrade=format_upgrade(old_schema, Names.of(old)),
-        format4_domains=[d.create() for d in old_schema.domains],
-        format4_checks=[
-            (t.name, c.name, c.definition, t.history)
-            for t in old_schema.tables
-            for c in t.constraints
-            if c.name in (Names.of(old).state_check, Names.of(old).triple_check)
-        ],
-        format4_dropped=sql_target.format3_transitions(old),
-        format5_domain=old_moves.create(),
-        format5_check=old_moves.check_of(Names.of(old).triple_check, sql_target.TRIPLE).definition,
-        format5_dropped=sql_target.format4_transition_domain(old),
-        format3_dropped=f"{Names.of(old).apply}({sql_target.ID_COLUMNS[old.postgres.id_type][0]}, text, bigint, text, jsonb)",
-        apply_signature=next(f.key for f in new_schema.functions if f.name == names.apply),
-        writer_functions=", ".join(sql_target.callable_functions(new)),
-        app_writes=sql_target.app_writes(new),
-        digest_query=f"SELECT {names.digest}()",
+        old=old.names.sql,
+        n=n,
+        digest_signature=f"{n.digest}()",
+        format_signature=f"{n.format}()",
+        formats=upgrades(old),
+        apply_signature=next(f.key for f in new.schema.functions if f.name == n.apply),
+        writer_functions=", ".join(sql_ident(f) for f in callable_functions(new.machine, new.names)),
+        app_writes=app_writes(new.machine, new.names),
+        digest_query=f"SELECT {n.digest}()",
         removed_states=sql_text_array(removed_states) if removed_states else None,
         caps=caps,
         capped_events=sql_text_array(c.event for c in caps) if caps else None,
         filled=filled,
         filled_events=sql_text_array(c.event for c in filled) if filled else None,
-        renames=Renames.of(old, new, old_schema),
+        renames=Renames.of(old, mid),
         lease_start=sql_text_array(lease_start) if lease_start else None,
         lease_end=sql_text_array(lease_end) if lease_end else None,
         plan=plan(changes_from, changes_to),
         digest_function=digest.create(or_replace=True),
         # CREATE OR REPLACE drops a function's settings: pin every function again.
-        prepare=sql_target.writer_prepare(new),
-        pin=sql_target.writer_setup(new) + "\n\n" + sql_target.pin_search_path(sql_target.function_names(new)),
+        prepare=new.install.prepare,
+        pin=new.install.finish,
     )

@@ -4,12 +4,15 @@ Templates live in the top-level `templates/` folder, which the wheel ships as th
 `fsmc.templates` package; a source checkout reads the folder directly. The
 environment is strict (an undefined name is an error, a bug of ours) and has no
 autoescape: escaping is done per target by the filters from `fsmc.escape`, which
-are the only way a template may put spec text into output.
+are the only way a template may put spec text into output (`sql_ident` quotes a
+raw name where it is printed). A template's variables are the fields of its typed
+context (`as_variables`).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -95,12 +98,18 @@ def environment() -> jinja2.Environment:
         py_str=escape.py_str,
         py_comment=escape.py_comment,
         sql_str=escape.sql_str,
+        sql_ident=escape.sql_ident,
         sql_comment=escape.sql_comment,
         mermaid_comment=escape.mermaid_comment,
         md=escape.md_text,
         html_comment=escape.html_comment,
     )
     return env
+
+
+def as_variables(context: object) -> dict[str, object]:
+    """A typed context's fields as template variables (shallow: values stay typed)."""
+    return {f.name: getattr(context, f.name) for f in fields(context)}  # type: ignore[arg-type]
 
 
 def render(template: str, **context: object) -> str:

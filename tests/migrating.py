@@ -24,7 +24,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from fsmc.model import Machine
-from fsmc.targets.sql import Names
+from fsmc.targets.postgres.names import Names
 from tests import test_postgres as tp
 from tests.pg_scratch import Scratch, machine_from_text, shortest_walk, states_reachable, writer_of
 
@@ -135,7 +135,7 @@ class Data:
 
 
 def data(db: Scratch, machine: Machine) -> Data:
-    n = Names.of(machine)
+    n = Names.of(machine).sql
     claims = "claimed_by, claimed_at, heartbeat_at" if machine.lease else "NULL, NULL, NULL"
     with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
         rows = conn.execute(f"SELECT id, state, state_version, {claims} FROM {n.table}".encode()).fetchall()

@@ -5,7 +5,7 @@ non-superuser role, per test, so tests run in parallel under pytest-xdist.
 owns, and loads the machine's generated `.sql` into it *as that role*: every test
 is first a proof that the file applies cleanly as a non-superuser owner. It also
 makes the application's role, with exactly the grants the README lists
-(`sql_target.app_grants`) and PostgreSQL's defaults (TEMPORARY on the database, EXECUTE on
+(`install.app_grants`) and PostgreSQL's defaults (TEMPORARY on the database, EXECUTE on
 functions): applications never connect as the owner, and neither do the tests that
 play one. `scratch.connect()` opens a connection as the application role,
 `scratch.owner()` one as the owner (for DDL and migrations), both with
@@ -32,11 +32,14 @@ import psycopg
 from psycopg import sql
 
 from fsmc import pipeline, source
+from fsmc.escape import sql_ident
 from fsmc.model import Machine
 from fsmc.targets import generate
-from fsmc.targets import sql as sql_target
 from fsmc.targets.common import Paths
-from fsmc.targets.pgschema import unquote
+from fsmc.targets.postgres import names
+from fsmc.targets.postgres.build import build, emit
+from fsmc.targets.postgres.install import app_grants
+from fsmc.targets.postgres.names import Names, Quoted
 from tests.conftest import SPECS
 from tests.harness import drop_roles, writer_role
 
@@ -46,13 +49,18 @@ LEASE_SPEC_NAMES = ("job", "task")  # runner has no lease
 # purpose holds it for milliseconds, but on a loaded shared machine those can last.
 TIMEOUTS = "-c lock_timeout=30s -c statement_timeout=120s"
 
-# What an application role needs, and all it gets: `sql_target.app_grants`, the README's list.
+# What an application role needs, and all it gets: `install.app_grants`, the README's list.
 
+
+
+def count_column(event: str) -> str:
+    """A capped event's count column, as SQL spells it."""
+    return sql_ident(names.count_column(event))
 
 
 def writer_of(conn: psycopg.Connection[Any], schema: str, machine: Machine) -> str | None:
     """The writer role of `machine`'s installation in `schema` (None: not installed)."""
-    return writer_role(conn, schema, unquote(sql_target.Names.of(machine).writer))
+    return writer_role(conn, schema, Names.of(machine).writer)
 
 
 def drop_writer(admin: psycopg.Connection[Any], writer: str | None) -> None:
@@ -85,7 +93,7 @@ class Scratch:
     @staticmethod
     def create(dsn: str, machine: Machine, sql_text: str | None = None) -> Scratch:
         tag = uuid.uuid4().hex[:12]
-        text = sql_target.emit(machine) if sql_text is None else sql_text
+        text = emit(build(machine)) if sql_text is None else sql_text
         scratch = Scratch(dsn, machine, f"fsmc_owner_{tag}", f"fsmc_test_{tag}", text,
                           f"fsmc_app_{tag}")  # fmt: skip
         with psycopg.connect(dsn, autocommit=True) as admin:
@@ -110,8 +118,8 @@ class Scratch:
         return scratch
 
     def grants(self) -> bytes:
-        """`sql_target.app_grants` (the README's list) for this schema and application role."""
-        return "\n".join(sql_target.app_grants(self.machine, self.schema, self.app_role)).encode()
+        """`install.app_grants` (the README's list) for this schema and application role."""
+        return "\n".join(app_grants(build(self.machine).install, self.schema, self.app_role)).encode()
 
     def as_owner(self, query: str, params: Any = None) -> None:
         """Run `query` (`q`'s placeholders) as the owner and commit: for what the
@@ -160,8 +168,8 @@ class Scratch:
     # --- names, as the generated SQL spells them --------------------------------
 
     @property
-    def names(self) -> sql_target.Names:
-        return sql_target.Names.of(self.machine)
+    def names(self) -> Quoted:
+        return Names.of(self.machine).sql
 
     def q(self, template: str) -> bytes:
         """`template` with {table}, {events}, {id_col}, {apply}, ... filled in."""

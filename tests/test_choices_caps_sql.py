@@ -29,9 +29,8 @@ import pytest
 
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
-from fsmc.targets.sql import count_column
 from tests.harness import refused, refused_at_commit, snapshot, sqlstate_of
-from tests.pg_scratch import Scratch, machine_of
+from tests.pg_scratch import Scratch, count_column, machine_of
 
 CHOICE_MACHINES = ("review", "breaker")  # a choice with a self-loop target; one on a machine with no terminal
 CAPPED_MACHINES = ("task", "subscription")  # retry capped at 5; a capped self-loop (extend_trial: 2)

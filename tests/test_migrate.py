@@ -41,11 +41,20 @@ import pytest
 
 from fsmc import migrate as migrate_module
 from fsmc.digest import machine_digest
-from fsmc.migrate import LOCK_TIMEOUT, Renames, Unsupported, identity_sequence, migrate, plan
+from fsmc.escape import sql_ident
+from fsmc.migrate import (
+    LOCK_TIMEOUT,
+    Renames,
+    Unsupported,
+    identity_sequence,
+    mid_machine,
+    migrate,
+    plan,
+)
 from fsmc.model import Machine
-from fsmc.targets import sql as sql_target
-from fsmc.targets.pgschema import Column, Parameter, Schema, View, unquote
-from fsmc.targets.sql import Names
+from fsmc.targets.postgres.build import build
+from fsmc.targets.postgres.model import Column, Parameter, Schema, View
+from fsmc.targets.postgres.names import Names
 from tests import harness
 from tests.migrating import (
     CASES,
@@ -66,7 +75,7 @@ from tests.migrating import (
     snapshot,
     spec,
 )
-from tests.pg_scratch import Scratch, machine_from_text, shortest_walk, writer_of
+from tests.pg_scratch import Scratch, count_column, machine_from_text, shortest_walk, writer_of
 
 
 def old_rows_move_on(db: Migrated, before: Data) -> None:
@@ -418,8 +427,8 @@ def fired(db: Scratch, conn: psycopg.Connection[Any], event: str, times: int) ->
 
 def counts(db: Scratch, machine: Machine) -> tuple[dict[Any, dict[str, int]], dict[Any, dict[str, int]]]:
     """Per row, each capped event's count column, and the number of its event rows."""
-    n, caps = Names.of(machine), list(machine.cap_limits)
-    columns = "".join(f", {sql_target.count_column(e)}" for e in caps)
+    n, caps = Names.of(machine).sql, list(machine.cap_limits)
+    columns = "".join(f", {count_column(e)}" for e in caps)
     with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
         rows = conn.execute(f"SELECT id{columns} FROM {n.table}".encode()).fetchall()
         history = conn.execute(f"SELECT {n.id_column}, event, count(*) FROM {n.events_table}"
@@ -627,7 +636,8 @@ def functions_in(conn: psycopg.Connection[Any], schema: str) -> set[tuple[Any, .
     for name, args, result, language, source, config, volatility, parallel in rows:
         if language == "sql":  # a SQL-standard body: what it returns
             source = str(conn.execute(f"SELECT {schema}.{name}()".encode()).fetchone()[0])  # type: ignore[index]
-        out.add((name, args, result, language, source, tuple(sorted(config or ())), volatility, parallel))
+        # The name as SQL spells it, as the model holds it.
+        out.add((sql_ident(name), args, result, language, source, tuple(sorted(config or ())), volatility, parallel))
     return out
 
 
@@ -645,12 +655,12 @@ def model_functions(conn: psycopg.Connection[Any], model: Schema, schema: str) -
 
     out = set()
     for f in model.functions:
-        args = ", ".join(f"{unquote(p.name)} {type_name(p.type)}" for p in f.parameters)
+        args = ", ".join(f"{p.name} {type_name(p.type)}" for p in f.parameters)  # fsmc's own, bare
         source = f.source
         if f.language == "sql":
             source = str(conn.execute(f"SELECT {f.body}".encode()).fetchone()[0])  # type: ignore[index]
         config = [f"{k}={v}" for k, v in f.settings] + [f"search_path=pg_catalog, {schema}, pg_temp"]
-        out.add((unquote(f.name), args, type_name(f.returns), f.language, source, tuple(sorted(config)),
+        out.add((f.name, args, type_name(f.returns), f.language, source, tuple(sorted(config)),
                  "i" if "IMMUTABLE" in f.attributes else "v", "s" if "PARALLEL SAFE" in f.attributes else "u"))  # fmt: skip
     return out
 
@@ -693,11 +703,11 @@ def assert_holds(db: Scratch, model: Schema) -> None:
     got, want = database_objects(db), model_objects(db, model)
     # Outside the model: the function naming the installation's writer role, made by
     # the file's first block (its value is known only at install time).
-    writer = {f for f in got["functions"] if f[0] == unquote(db.names.writer)}
+    writer = {f for f in got["functions"] if f[0] == db.names.writer}
     assert [f[4] for f in writer] == [writer_of(db.superuser(), db.schema, db.machine)], writer
     got["functions"] -= writer
-    not_valid = {(t, c) for t, c, d in got["constraints"] if d.endswith(" NOT VALID")}
-    history = {(unquote(t.name), unquote(c.name)) for t in model.tables if t.history
+    not_valid = {(sql_ident(t), sql_ident(c)) for t, c, d in got["constraints"] if d.endswith(" NOT VALID")}
+    history = {(t.name, c.name) for t in model.tables if t.history
                for c in t.constraints if c.check is not None}  # fmt: skip
     assert not_valid <= history, not_valid
     got["constraints"] = {(t, c, d.removesuffix(" NOT VALID")) for t, c, d in got["constraints"]}
@@ -710,7 +720,8 @@ def test_the_catalog_holds_the_model_of_old_then_after_the_script_the_model_of_n
     pg_dsn: str, case: str
 ) -> None:
     old, new = spec(case, "old"), spec(case, "new")
-    old_model, new_model = sql_target.schema(old), sql_target.schema(new)
+    old_build, new_model = build(old), build(new).schema
+    old_model = old_build.schema
     with built(pg_dsn, old) as db:
         assert_holds(db, old_model)
         assert database_objects(db) != model_objects(db, new_model)  # the comparison can tell
@@ -718,20 +729,19 @@ def test_the_catalog_holds_the_model_of_old_then_after_the_script_the_model_of_n
         migrate_ok(db, migrate(old, new))
         assert_holds(db, new_model)
         # What the plan renamed is gone under its old name and there under its new one.
-        renames = Renames.of(old, new, old_model)
+        renames = Renames.of(old_build, build(mid_machine(old, new)))
         names = {r[1] for rows in database_objects(db).values() for r in rows if len(r) > 1}
         names |= {r[0] for r in database_objects(db)["tables"]}
-        assert not {unquote(n) for n in renames.old_names} & names
-        assert {unquote(n) for n in renames.new_names if not n.endswith('_seq"')} <= names | {
-            unquote(s) for _, _, s in renames.sequences}  # fmt: skip
+        assert not set(renames.old_names) & names
+        assert set(renames.new_names) <= names | {s for _, _, s in renames.sequences}
 
 
 def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> None:
     # What no migration case has yet, built on a real model: a view added, changed
     # and dropped, a parameter added to a function, a result type changed, a
     # column with a default, a default changed, a function removed.
-    mid = sql_target.schema(spec("added_state", "old"))
-    n = Names.of(spec("added_state", "old"))
+    mid = build(spec("added_state", "old")).schema
+    n = Names.of(spec("added_state", "old")).sql
     apply = next(f for f in mid.functions if f.name == n.apply)
     digest = next(f for f in mid.functions if f.name == n.digest)
     jobs = mid.tables[0]

@@ -24,7 +24,8 @@ from psycopg import sql
 
 from fsmc.migrate import migrate
 from fsmc.model import Machine
-from fsmc.targets.sql import SCHEMA_FORMAT, Names
+from fsmc.targets.postgres.formats import SCHEMA_FORMAT
+from fsmc.targets.postgres.names import Names
 from tests.conftest import ROOT
 from tests.migrating import (
     CATALOG,
@@ -57,7 +58,7 @@ def test_a_format_1_database_is_brought_to_the_current_format_by_the_migration(p
     old, new = spec("added_state"), spec("added_state", "new")
     db = Scratch.create(pg_dsn, old, FORMAT1.read_text(encoding="utf-8"))
     try:
-        n = Names.of(old)
+        n = Names.of(old).sql
         with db.owner() as owner:  # the grants of that release: no view yet
             owner.execute(f"GRANT USAGE ON SCHEMA {db.schema} TO {db.app_role};"
                           f" GRANT SELECT, INSERT, UPDATE ON {n.table} TO {db.app_role};"
@@ -81,7 +82,7 @@ def test_a_format_1_database_is_brought_to_the_current_format_by_the_migration(p
         assert after.events == before.events
         assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
         with db.owner() as owner:
-            owner.execute(f"GRANT SELECT ON {Names.of(new).intervals} TO {db.app_role}".encode())
+            owner.execute(f"GRANT SELECT ON {Names.of(new).sql.intervals} TO {db.app_role}".encode())
             owner.commit()
             assert owner.execute("SELECT job_fsmc_format()").fetchone() == (SCHEMA_FORMAT,)
         with db.connect() as app:
@@ -116,7 +117,7 @@ def test_a_format_2_database_keeps_who_may_move_rows_and_drops_its_old_apply(pg_
     db = Scratch.create(pg_dsn, old, FORMAT2.read_text(encoding="utf-8"))
     reader = f"fsmc_reader_{uuid.uuid4().hex[:12]}"  # may read the rows, never moved them
     try:
-        n = Names.of(old)
+        n = Names.of(old).sql
         with db.owner() as owner:  # the grants of that release's README; EXECUTE was PUBLIC's
             owner.execute(f"GRANT USAGE ON SCHEMA {db.schema} TO {db.app_role};"
                           f" GRANT SELECT, INSERT, UPDATE ON {n.table} TO {db.app_role};"
@@ -266,7 +267,7 @@ def test_a_format_5_database_takes_the_callers_pen_for_ids_and_times(pg_dsn: str
     old, new = spec("added_state"), spec("added_state", "new")
     db = Scratch.create(pg_dsn, old, FORMAT5.read_text(encoding="utf-8"))
     try:
-        n = Names.of(old)
+        n = Names.of(old).sql
         with db.owner() as owner:  # the grants of format 5's README
             owner.execute(f"GRANT USAGE ON SCHEMA {db.schema} TO {db.app_role};"
                           f" GRANT SELECT, INSERT, UPDATE ON {n.table} TO {db.app_role};"

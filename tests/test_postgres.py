@@ -26,13 +26,14 @@ from psycopg.conninfo import make_conninfo
 
 from fsmc.digest import canonical, machine_digest
 from fsmc.escape import sql_ident, sql_name
-from fsmc.targets import sql as sql_target
 from fsmc.targets import sqlstate
+from fsmc.targets.postgres.build import build, emit
 from tests.conftest import SPECS
 from tests.pg_scratch import (
     LEASE_SPEC_NAMES,
     SPEC_NAMES,
     Scratch,
+    count_column,
     lease_states,
     machine_from_text,
     machine_of,
@@ -99,7 +100,7 @@ def test_the_file_applies_with_psql_on_error_stop_as_a_non_superuser(pg_dsn: str
     scratch = Scratch.create(pg_dsn, machine, sql_text="SELECT 1;")  # role and schema only
     try:
         path = tmp_path / f"{name}.sql"
-        path.write_text(sql_target.emit(machine), encoding="utf-8")
+        path.write_text(emit(build(machine)), encoding="utf-8")
         conninfo = make_conninfo(pg_dsn, user=scratch.role, options=f"-c search_path={scratch.schema}")
         done = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-1", "-f", str(path), conninfo],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -473,7 +474,7 @@ def test_a_write_to_the_table_is_not_preceded_by_a_row_lock_but_with_caps(db: Sc
 def test_the_application_cannot_use_the_domains_the_checks_cast_to(db: Scratch) -> None:
     # A table or view of its own using one would keep `fsmc migrate` from dropping it.
     with db.connect() as conn:
-        for domain in sql_target.spec_domains(db.machine):
+        for domain in build(db.machine).schema.domains:
             for statement in (f"CREATE TEMP TABLE pin (v {domain.name})",
                               f"CREATE TEMP VIEW pin AS SELECT NULL::{domain.name} AS v"):  # fmt: skip
                 error = refused(conn, statement.encode())
@@ -519,7 +520,7 @@ def test_writes_that_leave_the_state_alone_pass_untouched(db: Scratch) -> None:
         events_before = db.events_of(conn, row_id)
         # An ORM saving the whole row sets every column to what it was: the triggers
         # named on state, state_version and the counts fire and let it through.
-        counts = "".join(f", {sql_target.count_column(cap.event)} = {sql_target.count_column(cap.event)}"
+        counts = "".join(f", {count_column(cap.event)} = {count_column(cap.event)}"
                          for cap in m.caps)  # fmt: skip
         writes = ["UPDATE {table} SET state = state WHERE id = %s",
                   "UPDATE {table} SET state = state, state_version = state_version WHERE id = %s",

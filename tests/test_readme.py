@@ -100,16 +100,17 @@ def test_the_tour_fails_when_its_output_drifts(tmp_path: Path) -> None:
 
 
 def test_the_readmes_grants_are_exactly_the_ones_the_tests_give_the_application() -> None:
-    # The README's list is what users type; sql_target.app_grants is what every
+    # The README's list is what users type; install.app_grants is what every
     # database test's application role gets (tests/pg_scratch.py). They are one list.
-    from fsmc.targets import sql as sql_target
+    from fsmc.targets.postgres.build import build
+    from fsmc.targets.postgres.install import app_grants
     from tests.pg_scratch import machine_of
 
     roles = section("Using it with PostgreSQL")
     start = roles.index("with exactly these grants")
     block = roles[roles.index("```sql\n", start) + len("```sql\n"): roles.index("```", roles.index("```sql\n", start) + 7)]
     statements = [line for line in block.splitlines() if line and not line.startswith("--")]
-    assert statements == sql_target.app_grants(machine_of("job"), "app", "app_worker")
+    assert statements == app_grants(build(machine_of("job")).install, "app", "app_worker")
 
 
 def test_every_python_block_of_the_readme_is_python() -> None:

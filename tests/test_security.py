@@ -36,14 +36,16 @@ from psycopg.conninfo import make_conninfo
 
 from fsmc.migrate import migrate
 from fsmc.model import Machine
-from fsmc.targets import sql as sql_target
 from fsmc.targets import sqlstate
+from fsmc.targets.postgres.build import build, emit
+from fsmc.targets.postgres.names import Names
 from tests import migrating as tm
 from tests.pg_scratch import (
     LEASE_SPEC_NAMES,
     SPEC_NAMES,
     TIMEOUTS,
     Scratch,
+    count_column,
     drop_writer,
     machine_of,
     module_of,
@@ -315,7 +317,7 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, na
             evil.execute("GRANT USAGE, SELECT ON SEQUENCE public.marker TO PUBLIC")
         with psycopg.connect(dsn, user=owner) as conn:
             assert conn.execute("SHOW search_path").fetchone() == ('"$user", public',)
-            conn.execute(sql_target.emit(machine).encode())
+            conn.execute(emit(build(machine)).encode())
             conn.commit()
         with psycopg.connect(dsn, autocommit=True) as su:  # before the traps: its query uses LIKE
             writer = writer_of(su, "public", machine)
@@ -325,7 +327,7 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, na
                              " LANGUAGE sql AS $$ SELECT 'PWNED ' || nextval('public.marker') $$")  # fmt: skip
             plant_trap_operators(evil)
         victims = [psycopg.connect(dsn, user=owner, options=TIMEOUTS), psycopg.connect(dsn, options=TIMEOUTS)]
-        n = sql_target.Names.of(machine)
+        n = Names.of(machine).sql
         nobody: Any = {"uuid": uuid.uuid4(), "bigint": 10**12, "text": "nobody"}[id_type]
         for conn in victims:  # the owner, then a superuser
             with conn:
@@ -394,7 +396,7 @@ def pins(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[str] | No
 
 def assert_all_pinned(conn: psycopg.Connection[Any], schema: str, machine: Machine) -> None:
     found = pins(conn, schema)
-    assert sorted(f.split("(")[0] for f in found) == sorted(sql_target.function_names(machine))
+    assert sorted(f.split("(")[0] for f in found) == sorted(build(machine).functions)
     expected = f"search_path=pg_catalog, {schema}, pg_temp"  # scratch names need no quotes
     for function, config in found.items():
         assert config is not None and expected in config, (function, config)
@@ -485,7 +487,7 @@ def test_no_time_is_the_callers_choice(db: Scratch) -> None:
                 forged.append((f"UPDATE {{table}} SET heartbeat_at = {value} WHERE id = %s", (done_id,)))
             forged.append(("UPDATE {table} SET claimed_at = now(), claimed_by = 'x' WHERE id = %s", (done_id,)))
         for cap in m.caps:  # a count only moves with its event (the guard), never by hand alone
-            column = sql_target.count_column(cap.event)
+            column = count_column(cap.event)
             forged.append((f"UPDATE {{table}} SET {column} = {column} + 1 WHERE id = %s", (done_id,)))
         for write, params in forged:
             error = refused(app, db.q(write), params)
@@ -509,7 +511,7 @@ def test_a_move_by_hand_is_stamped_with_the_databases_times(db: Scratch) -> None
                             " heartbeat_at = now() - interval '1 hour', entered_at = now() - interval '1 hour'"
                             " WHERE id = %s", (row_id,))  # fmt: skip
             app.execute(db.q("UPDATE {table} SET state = %s, state_version = state_version + 1"
-                             + "".join(f", {sql_target.count_column(c.event)} = {sql_target.count_column(c.event)} + 1"
+                             + "".join(f", {count_column(c.event)} = {count_column(c.event)} + 1"
                                        for c in m.caps if c.event == event) + " WHERE id = %s"),
                         (target, row_id))  # fmt: skip
             app.execute(db.q("INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"

@@ -48,8 +48,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from fsmc.model import Machine
-from fsmc.targets import sql as sql_target
 from fsmc.targets import sqlstate
+from fsmc.targets.postgres.build import build, emit
+from fsmc.targets.postgres.names import Names
 from tests.pg_scratch import TIMEOUTS, Scratch, machine_from_text, writer_of
 from tests.test_postgres import refused, refused_at_commit, snapshot, sqlstate_of
 
@@ -74,10 +75,6 @@ postgres:
 """
 
 MACHINE = machine_from_text(TINY.format(name="tiny"))
-
-
-def bare(identifier: str) -> str:
-    return identifier.strip('"')
 
 
 def quote_ident(name: str) -> str:
@@ -163,7 +160,7 @@ class Cluster:
     def install(self, owner: str, schema: str, dsn: str | None = None, machine: Machine = MACHINE) -> None:
         """The machine's `.sql`, applied by `owner` into `schema` in one transaction."""
         with self.connect(owner, schema, dsn) as conn:
-            conn.execute(sql_target.emit(machine).encode())
+            conn.execute(emit(build(machine)).encode())
 
     def installation(self, *, createrole: bool) -> Installation:
         """The machine installed in a new schema of a new owner: one with CREATEROLE
@@ -241,7 +238,7 @@ def functions_owned(admin: psycopg.Connection[Any], schema: str) -> dict[str, st
 
 
 def test_an_owner_with_createrole_makes_its_installations_writer_and_is_granted_it(cluster: Cluster) -> None:
-    names = sql_target.Names.of(MACHINE)
+    names = Names.of(MACHINE).sql
     owner = cluster.role("CREATEROLE")
     schema = cluster.schema(owner)
     writer = cluster.writer(schema)
@@ -295,7 +292,7 @@ def test_psql_leaves_nothing_behind_when_the_role_is_missing(
     schema = cluster.schema(owner)
     writer = cluster.writer(schema)
     path = tmp_path / "machine.sql"
-    path.write_text(sql_target.emit(MACHINE), encoding="utf-8")
+    path.write_text(emit(build(MACHINE)), encoding="utf-8")
     params = conninfo_to_dict(cluster.dsn)
     env = {"PATH": "/usr/bin:/bin", "PGOPTIONS": f"-c search_path={schema}", "PGUSER": owner,
            "PGHOST": str(params.get("host", "127.0.0.1")), "PGPORT": str(params.get("port", 5432)),
@@ -313,7 +310,7 @@ def test_psql_leaves_nothing_behind_when_the_role_is_missing(
     assert ran.returncode == 0, ran
     with cluster.admin() as admin:
         assert writer_of(admin, schema, MACHINE) == writer
-        assert functions_owned(admin, schema)[bare(sql_target.Names.of(MACHINE).apply)] == writer
+        assert functions_owned(admin, schema)[Names.of(MACHINE).apply] == writer
 
 
 def test_a_writer_the_owner_is_not_a_member_of_is_a_clear_42501(cluster: Cluster) -> None:
@@ -381,13 +378,14 @@ def test_the_owner_of_one_schema_cannot_use_anothers_writer(cluster: Cluster, cr
     """Two installs of one machine get two writers, each its owner's alone. Another
     installation's writer is an application there: its writes get every check."""
     mine, theirs = cluster.installation(createrole=createrole), cluster.installation(createrole=createrole)
-    n = sql_target.Names.of(MACHINE)
+    raw = Names.of(MACHINE)
+    n = raw.sql
     assert mine.writer != theirs.writer
     with cluster.admin() as admin:
         for who, writer, member in [(mine.owner, theirs.writer, False), (theirs.owner, mine.writer, False),
                                     (mine.owner, mine.writer, True), (theirs.owner, theirs.writer, True)]:  # fmt: skip
             assert admin.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", (who, writer)).fetchone() == (member,)
-        assert functions_owned(admin, theirs.schema)[bare(n.apply)] == theirs.writer
+        assert functions_owned(admin, theirs.schema)[raw.apply] == theirs.writer
     with cluster.connect(theirs.owner, theirs.schema) as conn:  # a row, and grants as to an application
         row = conn.execute(f"INSERT INTO {n.table} DEFAULT VALUES RETURNING id").fetchone()
         assert row is not None
@@ -455,11 +453,11 @@ def test_one_schema_name_in_two_databases_gets_two_writers(cluster: Cluster) -> 
     assert writers[0] != writers[1]
     for dsn in (cluster.dsn, other):
         cluster.install(owner, schema, dsn=dsn)
-    n = sql_target.Names.of(MACHINE)
+    n = Names.of(MACHINE)
     for dsn, writer in zip((cluster.dsn, other), writers, strict=True):
         with cluster.admin(dsn) as admin:
             assert writer_of(admin, schema, MACHINE) == writer
-            assert functions_owned(admin, schema)[bare(n.apply)] == writer
+            assert functions_owned(admin, schema)[n.apply] == writer
 
 
 # --- using -----------------------------------------------------------------------
@@ -483,7 +481,7 @@ def test_the_moving_functions_belong_to_the_writer_and_no_one_may_call_them_by_d
     cluster: Cluster,
 ) -> None:
     db = cluster.scratch()
-    n = db.names
+    n = Names.of(db.machine)  # raw: pg_proc holds names themselves
     with db.owner() as owner:
         writer = writer_of(owner, db.schema, db.machine)
         got = {name: (role, definer, public) for name, role, definer, public in owner.execute(
@@ -493,10 +491,10 @@ def test_the_moving_functions_belong_to_the_writer_and_no_one_may_call_them_by_d
             " FROM pg_proc AS p JOIN pg_roles AS r ON r.oid = p.proowner"
             " WHERE p.pronamespace = %s::regnamespace", (db.schema,)).fetchall()}  # fmt: skip
     for mover in (n.apply, n.claim, n.reclaim):
-        assert got[bare(mover)] == (writer, True, False), mover
-    assert got[bare(n.purge)] == (db.role, True, False)  # SECURITY DEFINER for its ticket table
+        assert got[mover] == (writer, True, False), mover
+    assert got[n.purge] == (db.role, True, False)  # SECURITY DEFINER for its ticket table
     # Every writer's triggers call it: it stays PUBLIC's, runs as its caller, and is the owner's.
-    assert got[bare(n.writer)] == (db.role, False, True)
+    assert got[n.writer] == (db.role, False, True)
 
     # A role with USAGE on the schema and nothing else cannot call them.
     stranger = cluster.role()

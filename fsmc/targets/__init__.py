@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsmc.model import Machine
-from fsmc.targets import mermaid, pytest_suite, python, readme, sql
+from fsmc.targets import mermaid, pytest_suite, python, readme
 from fsmc.targets.common import Paths
+from fsmc.targets.postgres import build as postgres
 
 
 @dataclass
@@ -25,11 +26,13 @@ def generate(machine: Machine) -> Output:
     """Every file fsmc generates for `machine`, keyed by path relative to the out dir."""
     paths = Paths.of(machine)
     diagram = mermaid.diagram(machine)
+    pg = postgres.build(machine)  # once: the SQL file, the suite and the README share it
     files = {
         paths.module: python.emit(machine),
         paths.mermaid: mermaid.emit(machine, diagram),
-        paths.tests: pytest_suite.emit(machine),
-        paths.readme: readme.emit(machine, diagram),
-        paths.sql: sql.emit(machine),
+        paths.tests: pytest_suite.emit(machine, pg),
+        paths.readme: readme.emit(machine, diagram, pg),
+        paths.sql: postgres.emit(pg),
     }
-    return Output(files, mermaid.warnings(machine, files[paths.mermaid], paths.mermaid))
+    warnings = mermaid.warnings(machine, files[paths.mermaid], paths.mermaid) + list(pg.warnings)
+    return Output(files, warnings)

@@ -5,12 +5,13 @@ to the module's table by hand makes it fail."""
 from __future__ import annotations
 
 from fsmc.model import Machine
-from fsmc.targets import python, sql, sqlstate
+from fsmc.targets import python, sqlstate
 from fsmc.targets.common import header_context, module_name
+from fsmc.targets.postgres.build import Build, suite_context
 from fsmc.templating import render
 
 
-def emit(machine: Machine) -> str:
+def emit(machine: Machine, pg: Build) -> str:
     m = machine
     return render(
         "test_module.py.j2",
@@ -27,6 +28,6 @@ def emit(machine: Machine) -> str:
         caps=list(m.cap_limits.items()),
         sample_id=python.SAMPLE_IDS[m.postgres.id_type],
         uses_uuid=m.postgres.id_type == "uuid",
-        sql=sql.test_context(m),
+        sql=suite_context(pg),
         cap_sqlstate=sqlstate.CAP_REACHED,
     )

@@ -5,8 +5,9 @@ single targets, CHOICES, CAPS), apply, the dataclass with its cap counts, and
 from __future__ import annotations
 
 from fsmc.model import Machine
-from fsmc.targets import sql, sqlstate
+from fsmc.targets import sqlstate
 from fsmc.targets.common import header_context, module_name
+from fsmc.targets.postgres.names import Names
 from fsmc.templating import render
 
 ID_TYPES = {"uuid": "uuid.UUID", "bigint": "int", "text": "str"}
@@ -43,7 +44,7 @@ def exports(class_name: str, lease: bool) -> list[str]:
 
 def context(machine: Machine) -> dict[str, object]:
     m = machine
-    names = sql.Names.of(m)
+    names = Names.of(m).sql
     descriptions = {str(d.name): d.description for d in m.states}
     event_descriptions = {str(d.name): d.description for d in m.events}
     return {

@@ -5,12 +5,13 @@ description cannot add a row, a heading or HTML."""
 from __future__ import annotations
 
 from fsmc.model import Machine
-from fsmc.targets import sql
 from fsmc.targets.common import Paths, header_context
+from fsmc.targets.postgres.build import Build
+from fsmc.targets.postgres.install import app_grants
 from fsmc.templating import render
 
 
-def emit(machine: Machine, diagram: str) -> str:
+def emit(machine: Machine, diagram: str, pg: Build) -> str:
     m = machine
     paths = Paths.of(m)
     states = []
@@ -41,7 +42,7 @@ def emit(machine: Machine, diagram: str) -> str:
         lease=m.lease,
         files=[p.split("/", 1)[1] for p in (paths.module, paths.sql, paths.mermaid, paths.tests)],
         schema=m.postgres.schema,
-        grants=sql.app_grants(m, m.postgres.schema, "app_worker"),
+        grants=app_grants(pg.install, m.postgres.schema, "app_worker"),
         sql_file=paths.sql.split("/", 1)[1],
         test_file=paths.tests.split("/", 1)[1],
     )

@@ -2,14 +2,16 @@
 
 Contract of this module:
 
-- In: names and SQL fragments an SQL target prepared (identifiers already quoted by
-  `fsmc.escape.sql_ident`, literals by `sql_str`; function bodies rendered from their
-  templates). Out: the `CREATE` statement of each object, and nothing else: no
-  object here reads a `Machine`, and nothing here parses SQL.
-- `fsmc.targets.sql.schema(machine)` builds a `Schema` (a pure function), `build`
+- In: SQL text the builder prepared: identifiers as SQL spells them (the builder
+  takes them from `names.Names.sql`, quoted once from the raw names), literals by
+  `sql_str`, function bodies rendered from their templates. Out: the `CREATE`
+  statement of each object, and nothing else: no object here reads a `Machine`,
+  nothing here parses SQL, and nothing here turns a quoted name back into a raw one
+  (whoever needs the raw name, the search_path pin, say, takes it from `Names`).
+- `fsmc.targets.postgres.build.build(machine)` makes a `Schema` (a pure function),
   renders it to `<machine>.sql` (file order: domains, tables, indexes, views,
-  functions, triggers), and `fsmc.migrate` compares the `Schema` of OLD with that of NEW. So
-  the file and the migration cannot disagree about what a database holds.
+  functions, triggers), and `fsmc.migrate` compares the `Schema` of OLD's build with
+  that of NEW's. So the file and the migration cannot disagree about what a database holds.
 - Objects are keyed by name (as SQL spells it): tables, indexes, functions (with
   their argument types: an overload is another function), views and domains per
   schema, columns and constraints per table, triggers per (table, name). A domain
@@ -30,14 +32,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from fsmc.escape import sql_str
+
 DOLLAR_QUOTE = "$fsmc$"
-
-
-def unquote(ident: str) -> str:
-    """The name an identifier as `sql_ident` spells it stands for (`"user"` -> `user`)."""
-    if ident.startswith('"'):
-        return ident[1:-1].replace('""', '"')
-    return ident
 
 
 @dataclass(frozen=True)
@@ -220,7 +217,7 @@ class Trigger:
     when: str | None = None
     deferred: bool = False  # a constraint trigger, DEFERRABLE INITIALLY DEFERRED
     comment: tuple[str, ...] = ()
-    # The function naming the installation's writer role (`sql.writer_prepare`): the
+    # The function naming the installation's writer role (`install.prepare`): the
     # trigger then fires only for writes of other roles. The role's name is known at
     # install time only, so the statement is made there (see `create`).
     writer: str | None = None
@@ -238,7 +235,7 @@ class Trigger:
         creates the trigger with it."""
         when = self.when
         if self.writer is not None:
-            role = "%L" if writer_role is None else sql_literal(writer_role)
+            role = "%L" if writer_role is None else sql_str(writer_role)
             # name <> text: a `name` constant is 64 bytes, all of which PostgreSQL
             # reads back from the catalog, number by number, for every statement.
             skip = f"CURRENT_USER OPERATOR(pg_catalog.<>) {role}::pg_catalog.text"
@@ -265,11 +262,6 @@ class Trigger:
             "END",
             "$fsmc$;",
         ))
-
-
-def sql_literal(text: str) -> str:
-    """A string literal (standard_conforming_strings on, as since PostgreSQL 9.1)."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 @dataclass(frozen=True)
@@ -309,7 +301,3 @@ class Schema:
 
     def table(self, name: str) -> Table:
         return next(t for t in self.tables if t.name == name)
-
-    def function_names(self) -> list[str]:
-        """Every function's name, unquoted, once (what the search_path pin takes)."""
-        return list(dict.fromkeys(unquote(f.name) for f in self.functions))

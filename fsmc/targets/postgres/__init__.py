@@ -1,0 +1,13 @@
+"""The PostgreSQL target, one room a job (each module's docstring states its contract):
+
+- `names`: the identifiers of one installation, raw, quoted once at the edge.
+- `encode`: spec facts as SQL expressions, constants and types.
+- `install`: the writer role, its grants, the search_path pin, the application's grants.
+- `model`: the schema's objects as frozen data, each rendering its CREATE statement.
+- `formats`: the schema format's history, the steps `fsmc migrate` takes first.
+- `comments`: the sentences printed above the file's objects.
+- `build`: the only builder, `Machine -> Build`, which knows every other room.
+
+Data flows one way: `build` uses the others; none of them uses `build` (`formats`
+names its type only); `fsmc.migrate` takes finished `Build`s.
+"""

@@ -1,0 +1,590 @@
+"""The PostgreSQL target's builder (contract 4.2): the database itself enforces the spec.
+
+In: a checked `Machine`. Out: a `Build`, everything the target derives from it, made
+once: its `Names`, its `Schema` (the model), its `Install` statements, and the
+typed contexts of its templates; `emit` renders the text of
+`<machine>/<machine>.sql`, which applies
+with `psql -v ON_ERROR_STOP=1 -1 -f FILE` to an empty schema as a non-superuser
+owner (PostgreSQL 15 or later; nothing beyond plpgsql and core functions).
+
+What the file builds, and why it is shaped so:
+
+- T (the machine's table): `state` is `text` with a CHECK over the declared states,
+  never an ENUM (an enum value can never be dropped; a CHECK can be replaced).
+  A BEFORE INSERT trigger refuses a row born anywhere but the initial state at
+  version 0. An AFTER UPDATE trigger (BEFORE for a machine with caps, so that a
+  move past a cap gets its own SQLSTATE before the count's CHECK), which fires only for an UPDATE that sets
+  `state`, `state_version` or a count (`UPDATE OF`: heartbeat writes never reach it,
+  so they pay nothing; one that sets them to what they were returns at once), refuses an edge the spec lacks, a move out of a terminal, and
+  a version that is not the old one plus one; an undeclared state is left to the
+  CHECK (23514), as the contract says. A DEFERRABLE INITIALLY DEFERRED constraint
+  trigger checks at COMMIT that every state change has its event row. The spec's
+  lists live in PL/pgSQL, which keeps compiled expressions for the session, and in
+  two domains the CHECKs cast to (`spec_domains`): PostgreSQL rebuilds a table's
+  CHECK or WHEN clause for every statement, so a list there, even as one constant,
+  was the dearest part of a write, and it grew with the spec.
+- E (the event log): every column NOT NULL but `payload`, primary key
+  (<machine>_id, version), a CHECK casting each (from, event, to) triple, as a
+  text[], to the domain holding the spec's moves as nested jsonb objects (the
+  shortest CHECK text found: PostgreSQL parses it for every INSERT), UPDATE /
+  DELETE / TRUNCATE refused by triggers, and a deferred
+  trigger that refuses at COMMIT an event row recording a move its row did not
+  make. No foreign key (its check cost `_apply` a tenth of its time): triggers on T
+  refuse deleting or truncating rows that have history, but through purge. Together
+  with the check on T, the log and the row's version history match one to one,
+  which is what makes the log replay to the row.
+- `<machine>_apply`: one round trip. It reads the row's state, looks its move on
+  the event up in the spec's moves (`moves_jsonb`: a choice's `to_state` or the
+  single target, in a binary search, whatever the spec's size), then UPDATEs the row
+  by id at `expected_version` and in that state, under the event's cap, and inserts
+  the event row. Joining the UPDATE to the spec's transitions as a VALUES list, one
+  statement, scanned every transition of the spec on every call: a spec of 308
+  (wildcards over 47 states) cost 45% more CPU per call than one of 11, and now
+  costs the same; for the 11 this is a little cheaper too. Under READ COMMITTED a
+  concurrent mover makes the UPDATE wait, then re-check its WHERE on the row the
+  winner left (EvalPlanQual), whose version no longer matches: of two calls at one
+  version exactly one wins. Only when nothing moved does it read the row again to
+  say why, in the contract's order: no row (23F03), another version (NULL, nothing
+  changed), an unknown event (23F02), no move or a wrong `to_state` (23F01), a
+  spent cap (23F07); a move found legal then (the row reached the version after the
+  UPDATE looked) is tried again.
+- The writer role: `_apply`, `_claim` and `_reclaim` are SECURITY DEFINER functions
+  owned by a NOLOGIN role of this installation alone (`install`), and the triggers on T and E skip the writes that role makes,
+  naming it as a text literal in their WHEN clauses (`CURRENT_USER <> 'role'::text`:
+  a `name` constant would be 64 bytes to parse per statement). Those writes keep to the spec by
+  construction; everyone else's still get every check. No application can become
+  the role, and EXECUTE on these functions is granted, not PUBLIC's.
+- With `lease`: the claim bookkeeping is part of that same UPDATE; the partial index
+  for reclaim is keyed on `state` over the lease states only, so a heartbeat (which
+  changes only `heartbeat_at`) touches no indexed column and stays a HOT update; the
+  table keeps 10% of each page free for those HOT updates. `<machine>_reclaim`
+  locks stale rows with FOR UPDATE SKIP LOCKED (the lock re-checks the staleness
+  predicate on the newest row version, so a refreshed heartbeat saves its row; two
+  supervisors never wait for or deadlock on each other, and each row is reclaimed
+  once), then moves them and appends their events, all in one statement.
+- `<machine>_fsmc_digest()` returns `fsmc.digest.machine_digest` (see there).
+- Every function's `search_path` is pinned to `pg_catalog`, the schema it was
+  created in and `pg_temp` last (`install`'s pin, the file's last statement), so
+  it finds its own tables whatever the caller's path is and nothing a caller
+  creates changes what it does; those that look rows up by key also set
+  `enable_seqscan = off`, since a session keeps the plan it made while a fresh
+  table was nearly empty.
+
+How it is made: this module is the only one that knows every room of
+`fsmc.targets.postgres`. `build(machine)` takes the identifiers from `names`, the
+SQL expressions and constants from `encode`, and builds the file's objects as a
+`model.Schema` (function bodies rendered from templates/machine_bodies.sql.j2 with a
+`BodyContext`) and the installation's statements (`install`, from
+templates/install.sql.j2); `emit` renders the model into templates/machine.sql.j2
+with a `FileContext`. `fsmc migrate` takes finished builds and compares their models;
+nothing reads the text back. Every context is a dataclass whose fields are exactly
+its template's variables.
+
+SQLSTATEs are `fsmc.targets.sqlstate`'s and reach the templates one way: `Codes`.
+Every state and event name reaches SQL as a literal through `sql_str`; every
+identifier through `sql_ident` (`Names.sql`), derived names (`sql_name`) kept within
+63 bytes and distinct. Function bodies are dollar-quoted and hold only names, which
+the naming rule limits to `[a-z0-9_]`.
+
+A lease state whose reclaim event is a choice cannot be reclaimed (reclaim names no
+target): `_reclaim` leaves such rows where they are, and the build says so in its
+`warnings`, rather than pick one of the targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import jinja2
+
+from fsmc import facts
+from fsmc.digest import machine_digest
+from fsmc.escape import (
+    sql_comment,
+    sql_ident,
+    sql_jsonb_keys,
+    sql_jsonb_paths,
+    sql_str,
+    sql_text_array,
+)
+from fsmc.facts import CLAIM_COLUMNS
+from fsmc.model import Machine
+from fsmc.targets import sqlstate
+from fsmc.targets.common import Header, Paths
+from fsmc.targets.postgres import comments
+from fsmc.targets.postgres.encode import (
+    ID_COLUMNS,
+    change_sql,
+    claim_assignments,
+    claim_values,
+    joined,
+    moves_jsonb,
+    short_hash,
+    sources_jsonb,
+    sql_among,
+    sql_any,
+    sql_in,
+    targets_array,
+    triples,
+)
+from fsmc.targets.postgres.formats import SCHEMA_FORMAT
+from fsmc.targets.postgres.install import Install, install
+from fsmc.targets.postgres.model import (
+    Column,
+    Constraint,
+    Domain,
+    Function,
+    Index,
+    Parameter,
+    Schema,
+    Table,
+    Trigger,
+    View,
+)
+from fsmc.targets.postgres.names import Names, Quoted, count_check, count_column, domain_names
+from fsmc.templating import as_variables, environment, render
+
+TRIPLE = "ARRAY[from_state, event, to_state]"  # what the log's CHECK casts to the moves domain
+
+
+# --- typed template contexts ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Codes:
+    """The SQLSTATEs (`fsmc.targets.sqlstate`) as every template takes them."""
+
+    illegal: str = sqlstate.ILLEGAL_TRANSITION
+    unknown_event: str = sqlstate.UNKNOWN_EVENT
+    unknown_id: str = sqlstate.UNKNOWN_ID
+    bypass: str = sqlstate.BYPASS_WRITE
+    unlogged: str = sqlstate.UNLOGGED_CHANGE
+    append_only: str = sqlstate.APPEND_ONLY
+    cap_reached: str = sqlstate.CAP_REACHED
+
+
+@dataclass(frozen=True)
+class LeaseContext:
+    reclaim: str
+    in_lease: str  # t.state in a lease state
+    apply_claims: list[str]  # _apply's claim assignments
+    reclaim_claims: list[str]  # _reclaim's claim assignments
+    moves: list[tuple[str, str, str]]  # (lease state, target, change) of the reclaim event
+    guard_change: str  # the lease change (`facts.Change`) of a direct move from OLD.state to NEW.state
+    guard_claims: list[tuple[str, str]]  # the guard's claim columns and their values (`claim_values`)
+
+
+@dataclass(frozen=True)
+class CapContext:
+    event: str
+    column: str  # `<event>_count`, as SQL spells it
+    limit: int
+    pair_declared: str  # (OLD.state, NEW.state) is one of the event's edges
+
+
+@dataclass(frozen=True)
+class ClaimContext:
+    sources: str  # the states each event leads from, a jsonb constant (`sources_jsonb`)
+    claims: list[str]  # claim's claim assignments (with a lease)
+    # Claimable: where a row waits for a worker (neither terminal nor under a lease;
+    # the lease states have their own index, which reclaim must keep using). The same
+    # literal list in the index and in claim's WHERE, so the planner proves the partial
+    # index applies whatever the event's sources are.
+    claimable_array: str
+    in_claimable: str
+    index_predicate: str
+
+
+@dataclass(frozen=True)
+class PurgeContext:
+    in_terminal: str
+    index_predicate: str
+
+
+@dataclass(frozen=True)
+class BodyContext:
+    """What templates/machine_bodies.sql.j2 fills in (its fields are its variables)."""
+
+    machine: str
+    n: Quoted
+    initial: str
+    by_state: list[tuple[str, list[tuple[str, str]]]]  # (state, [(event, its targets as text[])])
+    event_declared: str
+    state_terminal: str
+    new_state_declared: str
+    pair_declared: str
+    old_state_terminal: str
+    event_list: str
+    lease: LeaseContext | None
+    codes: Codes
+    id_type: str
+    claiming: ClaimContext  # not `claim`: the macros are named after the functions
+    purging: PurgeContext
+    caps: list[CapContext]
+    moves: str  # `_apply`'s table of moves, a jsonb constant (`moves_jsonb`)
+    digest: str  # the machine's digest, which a body checks is still the schema's
+
+
+@dataclass(frozen=True)
+class FileContext:
+    """What templates/machine.sql.j2 fills in (its fields are its variables)."""
+
+    header: Header
+    machine: str
+    description: str
+    states: list[tuple[str, str]]
+    events: list[tuple[str, str]]
+    codes: Codes
+    statements: list[tuple[tuple[str, ...], str]]  # (comment lines, escaped; statement)
+    prepare: str  # the first statement (`Install.prepare`)
+    pin: str  # the last ones (`Install.finish`)
+
+
+@dataclass(frozen=True)
+class SuiteContext:
+    """What the generated pytest file needs to reach the database: the file's name, the
+    identifiers as SQL spells them, the id type and the SQLSTATEs."""
+
+    file: str
+    table: str
+    events_table: str
+    id_column: str
+    apply: str
+    writer: str
+    id_type: str
+    codes: Codes
+    lease: bool
+    grants: list[str]  # `app_grants`, with `{schema}` and `{role}` for the quoted names
+
+
+# --- the build -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Build:
+    """Everything the PostgreSQL target derives from one machine, made once (`build`):
+    what `emit`, `fsmc migrate`, the other targets, the tests and the benchmarks take."""
+
+    machine: Machine
+    names: Names  # raw; `names.sql` as SQL spells them
+    schema: Schema
+    functions: tuple[str, ...]  # every function the file creates (raw), the writer's name function included
+    install: Install
+    body: BodyContext
+    triples_hash: str  # names the moves domain (and the domains of formats 3 and 4)
+    warnings: tuple[str, ...]  # what the build could not do as the spec asks (see the module doc)
+
+
+def build(machine: Machine) -> Build:
+    """Every object `<machine>.sql` creates (contract 4.2; the module doc says why)."""
+    m, names = machine, Names.of(machine)
+    n = names.sql
+    c = body_context(m, n)
+    bodies = _bodies_template().make_module(vars=as_variables(c))
+
+    def body(function: str) -> str:
+        """The body of `function`: the macro of that name in machine_bodies.sql.j2."""
+        return str(getattr(bodies, function)())
+
+    id_type, id_default, identity = ID_COLUMNS[m.postgres.id_type]
+    triples_hash = short_hash(triples(m))
+    domains = spec_domains(m, triples_hash)
+    state_domain, transition_domain = domains
+    claim = [Column(col, "timestamptz" if col.endswith("_at") else "text") for col in CLAIM_COLUMNS]
+    table = Table(
+        name=n.table,
+        columns=(
+            Column("id", id_type, not_null=True, default=id_default, identity=identity),
+            Column("state", "text", not_null=True, default=sql_str(str(m.initial))),
+            Column("state_version", "bigint", not_null=True, default="0"),
+            # When the row was born, and when it entered its current state (every move
+            # sets it): the first stay of the intervals view, the order of claim and purge.
+            Column("created_at", "timestamptz", not_null=True, default="pg_catalog.now()"),
+            Column("entered_at", "timestamptz", not_null=True, default="pg_catalog.now()"),
+            *(claim if m.lease else ()),
+            *(Column(cap.column, "integer", not_null=True, default="0") for cap in c.caps),
+        ),
+        constraints=(
+            Constraint(n.table_pkey, "PRIMARY KEY (id)"),
+            state_domain.check_of(n.state_check, "state"),
+            *(
+                Constraint.of_check(sql_ident(count_check(m, cap.event)), f"{cap.column} BETWEEN 0 AND {cap.limit}")
+                for cap in c.caps
+            ),
+        ),
+        options=(("fillfactor", "90"),) if m.lease else (),
+    )
+    events = Table(
+        name=n.events_table,
+        columns=(
+            Column(n.id_column, id_type, not_null=True),
+            Column("version", "bigint", not_null=True),
+            Column("from_state", "text", not_null=True),
+            Column("event", "text", not_null=True),
+            Column("to_state", "text", not_null=True),
+            Column("actor", "text", not_null=True),
+            Column("at", "timestamptz", not_null=True, default="pg_catalog.now()"),
+            Column("payload", "jsonb"),
+        ),
+        constraints=(
+            Constraint(n.events_pkey, f"PRIMARY KEY ({n.id_column}, version)"),
+            transition_domain.check_of(n.triple_check, TRIPLE),
+        ),
+        history=True,
+    )
+    indexes: tuple[Index, ...] = ()
+    if m.lease is not None:
+        where = sql_in("state", facts.lease_states(m))
+        indexes = (Index(n.lease_index, n.table, "(state)", where, comments.LEASE_INDEX),)
+    indexes += (
+        Index(n.claim_index, n.table, "(entered_at)", c.claiming.index_predicate, comments.CLAIM_INDEX),
+        Index(n.purge_index, n.table, "(entered_at)", c.purging.index_predicate),
+    )
+    tickets = Table(
+        name=n.purge_tickets,
+        columns=(Column("xid", "xid8", not_null=True),),
+        constraints=(Constraint(n.purge_tickets_pkey, "PRIMARY KEY (xid)"),),
+        comment=comments.PURGE_TICKETS,
+    )
+    views = (View(n.intervals, body("intervals"), comments.INTERVALS),)
+
+    # Each function with its raw name, which the search_path pin takes (`install`).
+    functions: list[tuple[str, Function]] = []
+
+    def function(raw: str, *args: Parameter, returns: str, body: str, language: str = "plpgsql",
+                 attributes: tuple[str, ...] = (), settings: tuple[tuple[str, str], ...] = (),
+                 comment: tuple[str, ...] = ()) -> None:  # fmt: skip
+        functions.append((raw, Function(sql_ident(raw), args, returns, language, body, attributes, settings, comment)))
+
+    def trigger_function(raw: str, *settings: tuple[str, str], comment: tuple[str, ...] = (),
+                         attributes: tuple[str, ...] = ()) -> None:  # fmt: skip
+        function(raw, returns="trigger", body=body(raw_macro[raw]), attributes=attributes,
+                 settings=settings, comment=comment)  # fmt: skip
+
+    raw_macro = {
+        names.guard_insert: "guard_insert", names.guard_update: "guard_update",
+        names.check_logged: "check_logged", names.check_event: "check_event",
+        names.append_only: "append_only", names.guard_delete: "guard_delete",
+    }  # fmt: skip
+    function(names.digest, returns="text", language="sql", body=sql_str(machine_digest(m)),
+             attributes=("IMMUTABLE", "PARALLEL SAFE"), comment=comments.FUNCTIONS)  # fmt: skip
+    function(names.format, returns="integer", language="sql", body=str(SCHEMA_FORMAT),
+             attributes=("IMMUTABLE", "PARALLEL SAFE"), comment=comments.FORMAT)  # fmt: skip
+    function(
+        names.apply,
+        Parameter("id", id_type),
+        Parameter("event", "text"),
+        Parameter("expected_version", "bigint"),
+        Parameter("actor", "text"),
+        Parameter("payload", "jsonb", "NULL"),
+        Parameter("to_state", "text", "NULL"),
+        returns="bigint", body=body("apply"), attributes=_WRITER, settings=_SEQSCAN_OFF,
+        comment=comments.WRITER_FUNCTIONS,
+    )  # fmt: skip
+    if m.lease is not None:
+        function(names.heartbeat, Parameter("id", id_type), Parameter("expected_version", "bigint"),
+                 returns="boolean", body=body("heartbeat"), attributes=_WRITER, settings=_SEQSCAN_OFF)  # fmt: skip
+        function(names.reclaim, Parameter("older_than", "interval"), Parameter("actor", "text"),
+                 returns=f"SETOF {id_type}", body=body("reclaim"), attributes=_WRITER)  # fmt: skip
+    function(
+        names.claim,
+        Parameter("event", "text"),
+        Parameter("actor", "text"),
+        Parameter("max_rows", "integer", "1"),
+        Parameter("to_state", "text", "NULL"),
+        returns=f"TABLE (id {id_type}, state_version bigint)", body=body("claim"), attributes=_WRITER,
+    )  # fmt: skip
+    function(names.purge, Parameter("older_than", "interval"), Parameter("max_rows", "integer"),
+             returns="bigint", body=body("purge"), attributes=("SECURITY DEFINER",),
+             settings=_SEQSCAN_OFF, comment=comments.PURGE)  # fmt: skip
+    trigger_function(names.guard_insert, comment=(
+        f"Defense in depth: writes that bypass {m.name}_apply (a manual UPDATE during an",
+        "incident) still keep to the spec. Each trigger's column list or WHEN clause keeps",
+        "from its function the writes its rule has nothing to say about.",
+    ))  # fmt: skip
+    trigger_function(names.guard_update, *_SEQSCAN_OFF, attributes=_WRITER, comment=comments.GUARD_UPDATE)
+    trigger_function(names.check_logged, *_SEQSCAN_OFF)
+    trigger_function(names.check_event, *_SEQSCAN_OFF)
+    trigger_function(names.append_only, attributes=("SECURITY DEFINER",), comment=comments.APPEND_ONLY)
+    trigger_function(names.guard_delete, attributes=("SECURITY DEFINER",), comment=comments.GUARD_DELETE)
+
+    born_elsewhere = " OR ".join(
+        [
+            f"NEW.state IS DISTINCT FROM {sql_str(str(m.initial))}",
+            "NEW.state_version IS DISTINCT FROM 0",
+            *(f"NEW.{cap.column} IS DISTINCT FROM 0" for cap in c.caps),
+        ]
+    )
+    # A trigger's checks are for writes the writer role's functions did not make: those
+    # moved the row along the spec and logged it in the same statement sequence.
+    # The functions return at once for a write that sets these columns to what they were.
+    moved = "UPDATE OF " + ", ".join(["state", "state_version", *(cap.column for cap in c.caps)])
+    triggers = (
+        Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
+        Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
+                comment=comments.GUARD_UPDATE_BEFORE if c.caps else comments.GUARD_UPDATE_AFTER,
+                writer=n.writer),  # fmt: skip
+        Trigger(n.logged_check, n.table, "AFTER", _STATE_MOVED, n.check_logged,
+                deferred=True, comment=comments.CHECK_LOGGED, writer=n.writer),  # fmt: skip
+        Trigger(n.check_event, n.events_table, "AFTER", "INSERT", n.check_event, deferred=True,
+                writer=n.writer),  # fmt: skip
+        Trigger(n.guard_delete, n.table, "BEFORE", "DELETE", n.guard_delete),
+        Trigger(n.guard_delete_truncate, n.table, "BEFORE", "TRUNCATE", n.guard_delete, for_each="STATEMENT"),
+        Trigger(n.append_only, n.events_table, "BEFORE", "UPDATE OR DELETE", n.append_only),
+        Trigger(n.append_only_truncate, n.events_table, "BEFORE", "TRUNCATE", n.append_only,
+                for_each="STATEMENT"),  # fmt: skip
+    )
+    schema = Schema(
+        (table, events, tickets), indexes, tuple(f for _, f in functions), triggers, views, domains
+    )
+    every = (*dict.fromkeys(raw for raw, _ in functions), names.writer)
+    return Build(
+        machine=m,
+        names=names,
+        schema=schema,
+        functions=every,
+        install=install(m, names, list(every)),
+        body=c,
+        triples_hash=triples_hash,
+        warnings=tuple(
+            f"{m.path}: lease state '{s}': the reclaim event '{m.lease.reclaim}' is a choice "
+            f"({', '.join(ts)}), and reclaim names no target, so {m.name}_reclaim leaves such rows "
+            "where they are"
+            for s, ts in facts.reclaim_choices(m)
+            if m.lease is not None
+        ),
+    )
+
+
+_STATE_MOVED = "UPDATE OF state, state_version"
+_SEQSCAN_OFF = (("enable_seqscan", "off"),)
+_WRITER = ("SECURITY DEFINER",)
+
+
+def spec_domains(m: Machine, triples_hash: str) -> tuple[Domain, Domain]:
+    """The domains holding the spec's states (keys of a jsonb) and its moves (from,
+    event, to: paths through nested objects), which the two tables' CHECKs cast to.
+    Each is named after a hash of its list: a spec with other states or moves makes
+    another domain and so another CHECK, which `fsmc migrate` adds NOT VALID and
+    validates where history allows. The log's CHECK casts `ARRAY[from_state, event,
+    to_state]`: PostgreSQL parses a table's CHECK for every statement, and that array
+    is half the text of the concatenation format 4 cast."""
+    states = sorted(str(s) for s in m.state_names)  # sorted once: both uses sort them
+    (state, state_check), (moves, moves_check) = domain_names(m, short_hash(states), triples_hash)
+    return (
+        Domain(sql_ident(state), "text", sql_ident(state_check), sql_jsonb_keys(states), comments.DOMAINS),
+        Domain(sql_ident(moves), "text[]", sql_ident(moves_check), sql_jsonb_paths(m.edges), paths=True),
+    )
+
+
+def body_context(machine: Machine, n: Quoted) -> BodyContext:
+    m = machine
+    leased = set(facts.lease_states(m))
+    states = [str(s) for s in m.state_names]
+    claimable = [s for s in states if s not in m.terminal_names and s not in leased]
+    unclaimable = [s for s in states if s not in claimable]
+    terminals = list(m.terminals_in_order)
+    lease = None
+    if m.lease is not None:
+        held = facts.lease_states(m)
+        lease = LeaseContext(
+            reclaim=str(m.lease.reclaim),
+            in_lease=sql_in("t.state", held),
+            apply_claims=claim_assignments("v_lease", f"{n.apply}.actor", "t"),
+            reclaim_claims=claim_assignments("x.lease", f"{n.reclaim}.actor", "t"),
+            moves=[(s, t, c.value) for s, t, c in facts.reclaim_moves(m)],
+            guard_change=change_sql("OLD.state", "NEW.state", held),
+            # BEFORE (with caps) the guard assigns NEW's fields; AFTER it updates the row.
+            guard_claims=claim_values("v_lease", "SESSION_USER::pg_catalog.text", "OLD" if m.cap_limits else "t"),
+        )
+    return BodyContext(
+        machine=str(m.name),
+        n=n,
+        initial=str(m.initial),
+        by_state=[
+            (source, [(event, targets_array(m.targets[source, event])) for event in dict.fromkeys(e for e, _ in moves)])
+            for source, moves in facts.by_state(m)
+        ],
+        event_declared=sql_any("v_event", m.event_names),
+        state_terminal=sql_any("v_state", terminals),
+        new_state_declared=sql_any("NEW.state", m.state_names),
+        pair_declared=sql_any("(OLD.state || ' ' || NEW.state)", (joined(*p) for p in facts.pairs(m))),
+        old_state_terminal=sql_any("OLD.state", terminals),
+        event_list=", ".join(m.event_names),
+        lease=lease,
+        codes=Codes(),
+        id_type=ID_COLUMNS[m.postgres.id_type][0],
+        claiming=ClaimContext(
+            sources=sources_jsonb(m),
+            claims=claim_assignments("x.lease", f"{n.claim}.actor", "t") if m.lease else [],
+            claimable_array=sql_text_array(claimable),
+            in_claimable=sql_among("t.state", claimable, unclaimable),
+            index_predicate=sql_among("state", claimable, unclaimable),
+        ),
+        purging=PurgeContext(
+            in_terminal=sql_among("t.state", terminals, [s for s in states if s not in terminals]),
+            index_predicate=sql_among("state", terminals, [s for s in states if s not in terminals]),
+        ),
+        moves=moves_jsonb(m),
+        digest=machine_digest(m),
+        caps=[
+            CapContext(
+                event=event,
+                column=sql_ident(count_column(event)),
+                limit=limit,
+                pair_declared=sql_any(
+                    "(OLD.state || ' ' || NEW.state)",
+                    dict.fromkeys(joined(s, t) for s, e, t in m.edges if e == event),
+                ),
+            )
+            for event, limit in m.cap_limits.items()
+        ],
+    )
+
+
+@cache
+def _bodies_template() -> jinja2.Template:
+    return environment().get_template("machine_bodies.sql.j2")
+
+
+# The file's comment lines are fsmc's own sentences (a machine's name at most), the
+# same for every machine: each is escaped once per process.
+_comment = cache(sql_comment)
+
+
+def file_context(b: Build) -> FileContext:
+    m = b.machine
+    descriptions = {str(d.name): d.description or "" for d in m.states}
+    event_descriptions = {str(d.name): d.description or "" for d in m.events}
+    return FileContext(
+        header=Header.of(m),
+        machine=str(m.name),
+        description=m.description or "",
+        states=[(s, descriptions.get(s, "")) for s in m.state_names],
+        events=[(e, event_descriptions.get(e, "")) for e in m.event_names],
+        codes=Codes(),
+        statements=[(tuple(_comment(line) for line in c), s) for c, s in b.schema.statements()],
+        prepare=b.install.prepare,
+        pin=b.install.finish,
+    )
+
+
+def suite_context(b: Build) -> SuiteContext:
+    n = b.names.sql
+    return SuiteContext(
+        file=Paths.of(b.machine).sql.rsplit("/", 1)[-1],
+        table=n.table,
+        events_table=n.events_table,
+        id_column=n.id_column,
+        apply=n.apply,
+        writer=n.writer,
+        id_type=b.machine.postgres.id_type,
+        codes=Codes(),
+        lease=b.machine.lease is not None,
+        grants=list(b.install.grants),
+    )
+
+
+def emit(b: Build) -> str:
+    return render("machine.sql.j2", **as_variables(file_context(b)))

@@ -1,0 +1,189 @@
+"""Spec facts as SQL: expressions, constants and types the PostgreSQL target writes.
+
+In: a checked `Machine`, or facts derived from one (`fsmc.facts`), and the SQL
+expressions they are about (`t.state`, `v_event`). Out: SQL text, each value
+escaped by `fsmc.escape` (`sql_str`, `sql_text_array`): membership tests, the
+jsonb constants `_apply` and `_claim` look moves up in, the lease rule as SET
+clauses, the id column's type. Never a statement, never an identifier of the
+installation (`names`), never a fact derived here that `fsmc.facts` could hold:
+this module only encodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from functools import cache, partial
+
+from fsmc import facts
+from fsmc.escape import sql_str, sql_text_array
+from fsmc.facts import CLAIM_COLUMNS, CLAIM_RULE, Action
+from fsmc.model import Machine
+
+# The id column per id_type: (type, default, identity).
+ID_COLUMNS = {
+    "uuid": ("uuid", "pg_catalog.gen_random_uuid()", False),
+    "bigint": ("bigint", None, True),
+    "text": ("text", None, False),
+}
+
+
+def id_type(machine: Machine) -> str:
+    """The SQL type of the machine's ids (`ID_COLUMNS`)."""
+    return ID_COLUMNS[machine.postgres.id_type][0]
+
+
+def short_hash(parts: Iterable[str]) -> str:
+    """8 hex digits naming a set of names (a changed set gets another name)."""
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
+
+
+def joined(*names: str) -> str:
+    """Several names as one text, space-separated: unambiguous, since names hold no space."""
+    return " ".join(names)
+
+
+def triples(m: Machine) -> list[str]:
+    """The spec's (from, event, to) triples, each as one text, sorted (what the
+    domains of formats 3 to 5 are named after)."""
+    return sorted(joined(*e) for e in m.edges)
+
+
+def sql_in(expression: str, values: Iterable[str]) -> str:
+    """`expression IN ('a', 'b')` over literals, or `false` for no values (SQL has no `IN ()`)."""
+    literals = [sql_str(v) for v in values]
+    if not literals:
+        return "false"
+    return f"{expression} IN ({', '.join(literals)})"
+
+
+# An index predicate listing more states than this is written as the complement when
+# that is shorter: PostgreSQL keeps a partial index's predicate in pg_index, which has
+# no TOAST table, so a list of a thousand states made the CREATE INDEX fail ("row is
+# too big"). Below it, every spec keeps the plain list.
+LONG_STATE_LIST = 100
+
+
+def sql_among(expression: str, states: Sequence[str], others: Sequence[str]) -> str:
+    """`expression` is one of `states`, where `others` are the rest of the spec's
+    states: `sql_in` of them, or `NOT` (`sql_in` of the others) when `states` are
+    many and the others fewer (the same rows: the state CHECK admits no other value,
+    and NOT NULL no NULL). The index and the query that must use it are written with
+    this one function, so the planner sees the same predicate in both."""
+    if len(states) > LONG_STATE_LIST and 0 < len(others) < len(states):
+        return f"NOT ({sql_in(expression, others)})"
+    return sql_in(expression, states)
+
+
+def sql_any(expression: str, values: Iterable[str]) -> str:
+    """`expression = ANY ('{...}'::text[])`: one constant, looked up by hash past a few
+    elements. CHECK constraints use this form: PostgreSQL rebuilds a CHECK expression
+    for every statement that writes the table, and an `IN` list of n literals costs
+    that rebuild n nodes (the spec's 11 triples as a row `IN` list cost more than the
+    rest of the INSERT)."""
+    return f"{expression} = ANY ({sql_text_array(values)})"
+
+
+def pg_text_array(names: Iterable[str]) -> str:
+    """A text[] literal whose type is named through pg_catalog (for DO blocks, which
+    run with the installer's search_path)."""
+    return sql_text_array(names).replace("::text[]", "::pg_catalog.text[]")
+
+
+# --- the claim rule (fsmc.facts), encoded in SQL ---------------------------------------
+
+
+def claim_assignments(change: str, actor: str, row: str = "") -> list[str]:
+    """`column = CASE <change> WHEN 'enter' THEN ... ELSE <row>.column END` for each
+    claim column, from `facts.CLAIM_RULE`: `change` is an SQL expression whose value
+    is a `facts.Change`, `actor` one for the actor, `row` the updated row's alias."""
+    return [f"{column} = {value}" for column, value in claim_values(change, actor, row)]
+
+
+def claim_values(change: str, actor: str, row: str = "") -> list[tuple[str, str]]:
+    """(column, `CASE <change> WHEN 'enter' THEN ... ELSE <row>.column END`) for each
+    claim column: `claim_assignments`, for a trigger that assigns NEW's fields."""
+    out: list[tuple[str, str]] = []
+    for i, column in enumerate(CLAIM_COLUMNS):
+        kept = f"{row}.{column}" if row else column
+        values = {Action.ACTOR: actor, Action.NOW: "pg_catalog.now()", Action.CLEAR: "NULL"}
+        branches = [
+            f"WHEN {sql_str(c.value)} THEN {values[actions[i]]}"
+            for c, actions in CLAIM_RULE.items()
+            if actions[i] is not Action.KEEP
+        ]
+        out.append((column, f"CASE {change} {' '.join(branches)} ELSE {kept} END"))
+    return out
+
+
+def change_sql(old: str, new: str, held: Sequence[str]) -> str:
+    """The `facts.Change` of a move from state `old` to state `new` (SQL expressions),
+    as `facts.change_of` tells it, in SQL."""
+    c = {change: sql_str(change.value) for change in facts.Change}
+    was, now = sql_any(old, held), sql_any(new, held)
+    return (
+        f"CASE WHEN {was} THEN CASE WHEN {now} THEN {c[facts.change_of(True, True)]} ELSE {c[facts.change_of(True, False)]} END"
+        f" WHEN {now} THEN {c[facts.change_of(False, True)]} ELSE {c[facts.change_of(False, False)]} END"
+    )
+
+
+# --- the spec's moves as jsonb constants -------------------------------------------------
+
+# A name as a JSON string, made once per name. The two jsonb constants below are
+# written as text, not built as dicts for json.dumps: for a spec of 20,000 transitions
+# the dicts (and the garbage collections they set off) cost a build a tenth of its time.
+_json_name = cache(partial(json.dumps, ensure_ascii=False))
+
+
+# A pair's targets as a text[] literal, made once per set of targets (most pairs of
+# a large spec share their one target with others).
+targets_array = cache(sql_text_array)
+
+
+def moves_jsonb(m: Machine) -> str:
+    """The spec's moves as `_apply` and `_claim` look them up, a jsonb constant: for
+    each (state, event) pair with a transition, under the key "state event", `s` names
+    the target when there is one (a choice has none: its caller must name one) and
+    `t` maps each target to its lease change. A lookup is a binary search of the keys,
+    so a move costs the same in a spec of ten transitions as in one of thousands,
+    where scanning the spec's table as rows cost a call time in proportion to its
+    size. Keys in the spec's order: jsonb orders them itself."""
+    held = set(facts.lease_states(m))
+    single: dict[str, str] = {}
+    targets: dict[str, str] = {}  # key -> its `t` object's members, as JSON text
+    for s, e, t in m.edges:
+        key = f"{s} {e}"  # joined(s, e)
+        member = f'{_json_name(t)}: "{facts.change_of(s in held, t in held).value}"'
+        if key in targets:
+            targets[key] += ", " + member
+        else:
+            targets[key] = member
+            if (s, e) not in m.choices:
+                single[key] = t
+    pairs = (
+        f"{_json_name(key)}: {{" + (f'"s": {_json_name(single[key])}, ' if key in single else "") + f'"t": {{{to}}}}}'
+        for key, to in targets.items()
+    )
+    return sql_str("{" + ", ".join(pairs) + "}") + "::pg_catalog.jsonb"
+
+
+def sources_jsonb(m: Machine) -> str:
+    """The states each event leads from, as `_claim` looks them up, a jsonb constant:
+    under each event, `s` lists the states where it has one target (which a NULL
+    to_state picks) and `t` maps each target to the states it leads there from."""
+    single: dict[str, str] = {}  # event -> its `s` array's elements, as JSON text
+    targets: dict[str, dict[str, str]] = {}  # event -> target -> its sources, as JSON text
+    for s, e, t in m.edges:
+        source = _json_name(s)
+        by_target = targets.setdefault(e, {})
+        by_target[t] = by_target[t] + ", " + source if t in by_target else source
+        if (s, e) not in m.choices:
+            single[e] = single[e] + ", " + source if e in single else source
+    events = (
+        f'{_json_name(e)}: {{"s": [{single.get(e, "")}], "t": {{'
+        + ", ".join(f"{_json_name(t)}: [{sources}]" for t, sources in by_target.items())
+        + "}}"
+        for e, by_target in targets.items()
+    )
+    return sql_str("{" + ", ".join(events) + "}") + "::pg_catalog.jsonb"

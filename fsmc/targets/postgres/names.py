@@ -1,0 +1,147 @@
+"""The identifiers of one installation of a machine in PostgreSQL.
+
+In: a checked `Machine`. Out: `Names`, every name the schema gives an object (table,
+log, function, trigger, index, constraint), RAW: the name itself, as PostgreSQL's
+catalog stores it and as the writer role's DO blocks pass it to `format('%I')`.
+Quoting happens at the edge, once: `Names.sql` is the same names as SQL spells them
+(`fsmc.escape.sql_ident`), for templates and the model's statements. Nothing here,
+or anywhere, turns a quoted name back into a raw one.
+
+Derived names go through `fsmc.escape.sql_name`: kept within PostgreSQL's 63 bytes
+and distinct from each other however long the spec's names are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import cached_property
+
+from fsmc.escape import sql_ident, sql_name
+from fsmc.model import Machine
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every identifier the file uses, raw (see the module doc)."""
+
+    table: str
+    events_table: str
+    id_column: str
+    apply: str
+    heartbeat: str
+    reclaim: str
+    claim: str
+    purge: str
+    intervals: str
+    purge_tickets: str
+    purge_tickets_pkey: str
+    claim_index: str
+    purge_index: str
+    digest: str
+    format: str
+    guard_insert: str
+    guard_update: str
+    check_logged: str
+    logged_check: str  # check_logged's trigger: named to fire after guard_update's
+    append_only: str
+    append_only_truncate: str
+    check_event: str
+    guard_delete: str
+    guard_delete_truncate: str
+    table_pkey: str
+    state_check: str
+    lease_index: str
+    events_pkey: str
+    events_fkey: str
+    triple_check: str
+    version_check: str  # the log's CHECK (version > 0) before format 4, now the commit-time check's
+    writer: str  # the function naming this installation's writer role (install.prepare)
+
+    @staticmethod
+    def of(machine: Machine) -> Names:
+        m, table, events = str(machine.name), str(machine.postgres.table), str(machine.postgres.events_table)
+        return Names(
+            table=table,
+            events_table=events,
+            id_column=id_column(machine),
+            apply=sql_name(m, "apply"),
+            heartbeat=sql_name(m, "heartbeat"),
+            reclaim=sql_name(m, "reclaim"),
+            claim=sql_name(m, "claim"),
+            purge=sql_name(m, "purge"),
+            intervals=sql_name(m, "intervals"),
+            purge_tickets=sql_name(m, "purge_tickets"),
+            purge_tickets_pkey=sql_name(m, "purge_tickets", "pkey"),
+            claim_index=sql_name(table, "claim_idx"),
+            purge_index=sql_name(table, "purge_idx"),
+            digest=sql_name(m, "fsmc_digest"),
+            format=sql_name(m, "fsmc_format"),
+            guard_insert=sql_name(m, "guard_insert"),
+            guard_update=sql_name(m, "guard_update"),
+            check_logged=sql_name(m, "check_logged"),
+            logged_check=sql_name(m, "logged_check"),
+            append_only=sql_name(m, "events_append_only"),
+            append_only_truncate=sql_name(m, "events_append_only_truncate"),
+            check_event=sql_name(m, "check_event"),
+            guard_delete=sql_name(m, "guard_delete"),
+            guard_delete_truncate=sql_name(m, "guard_delete_truncate"),
+            table_pkey=sql_name(table, "pkey"),
+            state_check=sql_name(table, "state_check"),
+            lease_index=sql_name(table, "lease_idx"),
+            events_pkey=sql_name(events, "pkey"),
+            events_fkey=sql_name(events, "fkey"),
+            triple_check=sql_name(events, "transition_check"),
+            version_check=sql_name(events, "version_check"),
+            writer=sql_name(m, "fsmc_writer"),
+        )
+
+    @cached_property
+    def sql(self) -> Quoted:
+        """These names as SQL spells them: `n.sql.table`."""
+        return Quoted(self)
+
+    def movers(self, lease: bool) -> list[str]:
+        """The functions that move rows (raw), in the order they are granted."""
+        return [self.apply, self.claim] + ([self.heartbeat, self.reclaim] if lease else [])
+
+
+class Quoted:
+    """A view of `Names` with each name quoted by `sql_ident` (made once per name):
+    `Quoted(n).table` is `sql_ident(n.table)`. For templates and model objects, whose
+    text is SQL; it has the same attributes as `Names` and nothing else."""
+
+    __slots__ = ("_sql",)
+
+    def __init__(self, names: Names) -> None:
+        self._sql = {f.name: sql_ident(getattr(names, f.name)) for f in fields(names)}
+
+    def __getattr__(self, field: str) -> str:
+        try:
+            return self._sql[field]
+        except KeyError:
+            raise AttributeError(field) from None
+
+
+def id_column(machine: Machine) -> str:
+    """The event log's reference to the machine's row: `<machine>_id`."""
+    return f"{machine.name}_id"
+
+
+def count_column(event: str) -> str:
+    """The column counting a capped event's firings: `<event>_count` (raw)."""
+    return sql_name(event, "count")
+
+
+def count_check(machine: Machine, event: str) -> str:
+    """The CHECK that keeps a capped event's count within 0..cap (raw)."""
+    return sql_name(str(machine.postgres.table), event, "count_check")
+
+
+def domain_names(machine: Machine, states_hash: str, moves_hash: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """(domain, its CHECK) for the states domain and the moves domain, each named
+    after a hash of its list (`encode.short_hash`)."""
+    m = str(machine.name)
+    return (
+        (sql_name(m, "state", states_hash), sql_name(m, "state_check")),
+        (sql_name(m, "moves", moves_hash), sql_name(m, "transition_check")),
+    )
