@@ -814,6 +814,7 @@ def test_every_step_of_the_script_is_exercised_by_some_case() -> None:
         assert first(pattern, scripts) is not None, pattern
 
 
+@pytest.mark.slow
 def test_the_script_is_deterministic_and_records_both_specs() -> None:
     old, new = spec("added_state"), spec("added_state", "new")
     script = migrate(old, new)
