@@ -162,8 +162,7 @@ def migrate(
     refused = traded_names(before, mid)
     if refused:
         raise Unsupported("\n".join(refused))
-    return render("migrate.sql.j2", **as_variables(context(before, mid, after, lock_timeout)),
-                  transaction=transaction)  # fmt: skip
+    return render("migrate.sql.j2", **as_variables(context(before, mid, after, lock_timeout, transaction)))
 
 
 def refusals(old: Machine, new: Machine) -> list[str]:
@@ -407,9 +406,9 @@ def plan(mid: Schema, new: Schema) -> Plan:
 
 @dataclass(frozen=True)
 class MigrateContext:
-    """What templates/migrate.sql.j2 fills in (its fields are its variables, with
-    `transaction`, which `migrate` passes beside it)."""
+    """What templates/migrate.sql.j2 fills in (its fields are its variables)."""
 
+    transaction: bool  # BEGIN ... COMMIT around the script (not with --no-transaction)
     machine: str
     header: str
     old_digest: str
@@ -449,7 +448,7 @@ class CapChange:
     added: bool  # OLD has no such cap: the column is added, then filled from history
 
 
-def context(old: Build, mid: Build, new: Build, lock_timeout: str) -> MigrateContext:
+def context(old: Build, mid: Build, new: Build, lock_timeout: str, transaction: bool = True) -> MigrateContext:
     """The script's context from the builds of OLD, mid (OLD under NEW's names) and NEW."""
     n = new.names.sql
     # The digest function is replaced last: it records that the migration is done.
@@ -472,6 +471,7 @@ def context(old: Build, mid: Build, new: Build, lock_timeout: str) -> MigrateCon
         line = f"{r.mark} {r.kind} {r.subject}" + (f" ({r.note})" if r.note else "")
         changes.append(line + ("  BREAKING" if r.breaking else ""))
     return MigrateContext(
+        transaction=transaction,
         machine=str(new.machine.name),
         header=migration_header(old.machine, new.machine),
         old_digest=machine_digest(old.machine),

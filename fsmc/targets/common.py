@@ -117,8 +117,3 @@ class Header:
     def of(machine: Machine) -> Header:
         syntaxes = (PYTHON, SQL, MERMAID, HTML)
         return Header(*(header(c, machine.path, machine.sha256) for c in syntaxes))
-
-
-def header_context(machine: Machine) -> dict[str, Header]:
-    """The template context every target's file takes its header from."""
-    return {"header": Header.of(machine)}

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from fsmc.model import Machine
-from fsmc.targets.common import header_context
-from fsmc.templating import render
+from fsmc.targets.common import Header
+from fsmc.templating import as_variables, render
 
 RESERVED = frozenset(
     """state note class classdef style scale click href default statediagram acctitle
@@ -61,25 +62,42 @@ def state_ids(states: Iterable[str], events: Iterable[str]) -> dict[str, str]:
     return {s: state_id(s, after_direction=after_direction) for s in states}
 
 
+@dataclass(frozen=True)
+class DiagramContext:
+    """What templates/diagram.mmd.j2 fills in (its fields are its variables)."""
+
+    aliases: list[tuple[str, str]]  # (id, state) where a state's id is not its name
+    initial: str  # its id
+    transitions: list[tuple[str, str, str]]  # (source id, event, target id)
+    terminals: list[str]  # ids
+    lone: list[str]  # a state on no arrow (only in a spec with errors, drawn by `fsmc graph`)
+
+
+@dataclass(frozen=True)
+class FileContext:
+    """What templates/machine.mmd.j2 fills in (its fields are its variables)."""
+
+    header: Header
+    diagram: str  # `diagram`'s text
+
+
 def diagram(machine: Machine) -> str:
     """The stateDiagram-v2 body, shared by the .mmd file and the README."""
     m = machine
     ids = state_ids(m.state_names, m.event_names)
     initial = str(m.initial)
     mentioned = {initial, *m.terminal_names, *(s for s, _, _ in m.edges), *(t for *_, t in m.edges)}
-    return render(
-        "diagram.mmd.j2",
+    return render("diagram.mmd.j2", **as_variables(DiagramContext(
         aliases=[(i, s) for s, i in ids.items() if i != s],
         initial=ids.get(initial, initial),
         transitions=[(ids[s], e, ids[t]) for s, e, t in m.edges],
         terminals=[ids[s] for s in m.terminals_in_order],
-        # A state on no arrow (only in a spec with errors, drawn by `fsmc graph`).
         lone=[i for s, i in ids.items() if s not in mentioned and i == s],
-    )
+    )))  # fmt: skip
 
 
 def emit(machine: Machine, body: str) -> str:
-    return render("machine.mmd.j2", **header_context(machine), diagram=body)
+    return render("machine.mmd.j2", **as_variables(FileContext(Header.of(machine), body)))
 
 
 def measured(text: str) -> int:

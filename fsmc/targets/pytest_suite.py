@@ -4,18 +4,40 @@ to the module's table by hand makes it fail."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fsmc.model import Machine
-from fsmc.targets import python, sqlstate
-from fsmc.targets.common import header_context, module_name
-from fsmc.targets.postgres.build import Build, suite_context
-from fsmc.templating import render
+from fsmc.targets import python
+from fsmc.targets.common import Header, module_name
+from fsmc.targets.postgres.build import Build, SuiteContext, suite_context
+from fsmc.templating import as_variables, render
+
+
+@dataclass(frozen=True)
+class TestFileContext:
+    """What templates/test_module.py.j2 fills in (its fields are its variables)."""
+
+    __test__ = False  # not a test class, whatever pytest makes of the name
+
+    header: Header
+    machine: str
+    module: str
+    class_name: str
+    states: list[str]
+    events: list[str]
+    initial: str
+    terminals: list[str]
+    transitions: list[tuple[str, str, str]]
+    choices: list[tuple[str, str, list[str]]]
+    caps: list[tuple[str, int]]
+    sample_id: str  # a Python expression
+    sql: SuiteContext  # the database's side, SQLSTATEs included (`sql.codes`)
 
 
 def emit(machine: Machine, pg: Build) -> str:
     m = machine
-    return render(
-        "test_module.py.j2",
-        **header_context(m),
+    return render("test_module.py.j2", **as_variables(TestFileContext(
+        header=Header.of(m),
         machine=str(m.name),
         module=module_name(m.name),
         class_name=m.camel_name,
@@ -27,7 +49,5 @@ def emit(machine: Machine, pg: Build) -> str:
         choices=[(s, e, sorted(ts)) for (s, e), ts in m.choices.items()],
         caps=list(m.cap_limits.items()),
         sample_id=python.SAMPLE_IDS[m.postgres.id_type],
-        uses_uuid=m.postgres.id_type == "uuid",
         sql=suite_context(pg),
-        cap_sqlstate=sqlstate.CAP_REACHED,
-    )
+    )))

@@ -4,11 +4,13 @@ single targets, CHOICES, CAPS), apply, the dataclass with its cap counts, and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fsmc.model import Machine
-from fsmc.targets import sqlstate
-from fsmc.targets.common import header_context, module_name
-from fsmc.targets.postgres.names import Names
-from fsmc.templating import render
+from fsmc.targets.common import Header
+from fsmc.targets.postgres.names import Names, count_column
+from fsmc.targets.sqlstate import Codes
+from fsmc.templating import as_variables, render
 
 ID_TYPES = {"uuid": "uuid.UUID", "bigint": "int", "text": "str"}
 # The id's type as the module's SQL casts its argument (named through pg_catalog).
@@ -23,8 +25,9 @@ def member(name: str) -> str:
 
 
 def count_field(event: str) -> str:
-    """The dataclass field (and PostgreSQL column) that counts a capped event."""
-    return f"{event}_count"
+    """The dataclass field that counts a capped event: the name of its PostgreSQL
+    column (`names.count_column`, one definition for both, long names included)."""
+    return count_column(event)
 
 
 def exports(class_name: str, lease: bool) -> list[str]:
@@ -42,46 +45,72 @@ def exports(class_name: str, lease: bool) -> list[str]:
     return sorted(names, key=rank)
 
 
-def context(machine: Machine) -> dict[str, object]:
+@dataclass(frozen=True)
+class ModuleContext:
+    """What templates/module.py.j2 fills in (its fields are its variables)."""
+
+    header: Header
+    machine: str
+    class_name: str
+    exports: list[str]
+    description: str | None
+    states: list[tuple[str, str, str | None]]  # (member, name, description)
+    events: list[tuple[str, str, str | None]]
+    initial: str  # a member
+    terminals: list[str]  # members
+    transitions: list[tuple[str, str, str]]  # members: (state, event, target)
+    choices: list[tuple[str, str, list[str]]]  # members: (state, event, targets)
+    caps: list[tuple[str, str, int]]  # (event member, count field, cap)
+    id_type: str  # the Python type of an id
+    pg_id_type: str  # the SQL type the module casts an id to
+    schema: str
+    uses_uuid: bool
+    codes: Codes
+    table: str  # the database's names, as SQL spells them
+    apply_function: str
+    claim_function: str
+    purge_function: str
+    heartbeat_function: str
+    reclaim_function: str
+    row_columns: str  # what get() and claim() read of a row, in the dataclass's field order
+    lease: bool
+    reclaim_event: str
+
+
+def context(machine: Machine) -> ModuleContext:
     m = machine
     names = Names.of(m).sql
     descriptions = {str(d.name): d.description for d in m.states}
     event_descriptions = {str(d.name): d.description for d in m.events}
-    return {
-        **header_context(m),
-        "machine": str(m.name),
-        "module": module_name(m.name),
-        "class_name": m.camel_name,
-        "exports": exports(m.camel_name, m.lease is not None),
-        "description": m.description,
-        "states": [(member(s), s, descriptions.get(s)) for s in m.state_names],
-        "events": [(member(e), e, event_descriptions.get(e)) for e in m.event_names],
-        "initial": member(str(m.initial)),
-        "terminals": [member(s) for s in m.terminals_in_order],
-        "transitions": [(member(s), member(e), member(t)) for (s, e), t in m.single.items()],
-        "choices": [
-            (member(s), member(e), [member(t) for t in ts]) for (s, e), ts in m.choices.items()
-        ],
-        "caps": [(member(e), count_field(e), cap) for e, cap in m.cap_limits.items()],
-        "id_type": ID_TYPES[m.postgres.id_type],
-        "pg_id_type": PG_ID_TYPES[m.postgres.id_type],
-        "schema": m.postgres.schema,
-        "uses_uuid": m.postgres.id_type == "uuid",
-        "apply_function": names.apply,
-        "illegal_sqlstate": sqlstate.ILLEGAL_TRANSITION,
-        "cap_sqlstate": sqlstate.CAP_REACHED,
-        "unknown_id_sqlstate": sqlstate.UNKNOWN_ID,
-        "table": names.table,
-        # What get() and claim() read of a row, in the dataclass's field order.
-        "row_columns": ", ".join(["state", "state_version", *map(count_field, m.cap_limits)]),
-        "claim_function": names.claim,
-        "purge_function": names.purge,
-        "heartbeat_function": names.heartbeat,
-        "reclaim_function": names.reclaim,
-        "lease": m.lease is not None,
-        "reclaim_event": str(m.lease.reclaim) if m.lease is not None else "",
-    }
+    return ModuleContext(
+        header=Header.of(m),
+        machine=str(m.name),
+        class_name=m.camel_name,
+        exports=exports(m.camel_name, m.lease is not None),
+        description=m.description,
+        states=[(member(s), s, descriptions.get(s)) for s in m.state_names],
+        events=[(member(e), e, event_descriptions.get(e)) for e in m.event_names],
+        initial=member(str(m.initial)),
+        terminals=[member(s) for s in m.terminals_in_order],
+        transitions=[(member(s), member(e), member(t)) for (s, e), t in m.single.items()],
+        choices=[(member(s), member(e), [member(t) for t in ts]) for (s, e), ts in m.choices.items()],
+        caps=[(member(e), count_field(e), cap) for e, cap in m.cap_limits.items()],
+        id_type=ID_TYPES[m.postgres.id_type],
+        pg_id_type=PG_ID_TYPES[m.postgres.id_type],
+        schema=m.postgres.schema,
+        uses_uuid=m.postgres.id_type == "uuid",
+        codes=Codes(),
+        table=names.table,
+        apply_function=names.apply,
+        claim_function=names.claim,
+        purge_function=names.purge,
+        heartbeat_function=names.heartbeat,
+        reclaim_function=names.reclaim,
+        row_columns=", ".join(["state", "state_version", *map(count_field, m.cap_limits)]),
+        lease=m.lease is not None,
+        reclaim_event=str(m.lease.reclaim) if m.lease is not None else "",
+    )
 
 
 def emit(machine: Machine) -> str:
-    return render("module.py.j2", **context(machine))
+    return render("module.py.j2", **as_variables(context(machine)))

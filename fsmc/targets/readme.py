@@ -4,11 +4,35 @@ description cannot add a row, a heading or HTML."""
 
 from __future__ import annotations
 
-from fsmc.model import Machine
-from fsmc.targets.common import Paths, header_context
+from dataclasses import dataclass
+
+from fsmc.model import Lease, Machine
+from fsmc.targets.common import Header, Paths
 from fsmc.targets.postgres.build import Build
 from fsmc.targets.postgres.install import app_grants
-from fsmc.templating import render
+from fsmc.templating import as_variables, render
+
+
+@dataclass(frozen=True)
+class ReadmeContext:
+    """What templates/README.md.j2 fills in (its fields are its variables)."""
+
+    header: Header
+    machine: str
+    description: str
+    diagram: str
+    states: list[tuple[str, str, str]]  # (state, notes, description)
+    events: list[tuple[str, str]]  # (event, description)
+    transitions: list[tuple[str, str, str, str]]  # (from, event, targets, description)
+    choices: bool
+    never_ends: bool
+    caps: list[tuple[str, int]]
+    lease: Lease | None
+    files: list[str]
+    schema: str
+    grants: list[str]
+    sql_file: str
+    test_file: str
 
 
 def emit(machine: Machine, diagram: str, pg: Build) -> str:
@@ -24,9 +48,8 @@ def emit(machine: Machine, diagram: str, pg: Build) -> str:
         if m.lease and d.name in m.lease.states:
             notes.append("lease")
         states.append((str(d.name), ", ".join(notes), d.description or ""))
-    return render(
-        "README.md.j2",
-        **header_context(m),
+    return render("README.md.j2", **as_variables(ReadmeContext(
+        header=Header.of(m),
         machine=str(m.name),
         description=m.description or "",
         diagram=diagram,
@@ -45,4 +68,4 @@ def emit(machine: Machine, diagram: str, pg: Build) -> str:
         grants=app_grants(pg.install, m.postgres.schema, "app_worker"),
         sql_file=paths.sql.split("/", 1)[1],
         test_file=paths.tests.split("/", 1)[1],
-    )
+    )))

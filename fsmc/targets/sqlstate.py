@@ -21,6 +21,8 @@ and its DETAIL is `state=S event=E`, which `transition()` reads back. A version
 conflict is not an error: `<machine>_apply` returns NULL.
 """
 
+from dataclasses import dataclass
+
 ILLEGAL_TRANSITION = "23F01"
 UNKNOWN_EVENT = "23F02"
 UNKNOWN_ID = "23F03"
@@ -28,3 +30,17 @@ BYPASS_WRITE = "23F04"
 UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
 CAP_REACHED = "23F07"
+
+
+@dataclass(frozen=True)
+class Codes:
+    """The codes as every template takes them (`{{ codes.illegal }}`): the one way a
+    SQLSTATE reaches generated text."""
+
+    illegal: str = ILLEGAL_TRANSITION
+    unknown_event: str = UNKNOWN_EVENT
+    unknown_id: str = UNKNOWN_ID
+    bypass: str = BYPASS_WRITE
+    unlogged: str = UNLOGGED_CHANGE
+    append_only: str = APPEND_ONLY
+    cap_reached: str = CAP_REACHED

@@ -80,7 +80,7 @@ with a `FileContext`. `fsmc migrate` takes finished builds and compares their mo
 nothing reads the text back. Every context is a dataclass whose fields are exactly
 its template's variables.
 
-SQLSTATEs are `fsmc.targets.sqlstate`'s and reach the templates one way: `Codes`.
+SQLSTATEs are `fsmc.targets.sqlstate`'s and reach the templates one way: its `Codes`.
 Every state and event name reaches SQL as a literal through `sql_str`; every
 identifier through `sql_ident` (`Names.sql`), derived names (`sql_name`) kept within
 63 bytes and distinct. Function bodies are dollar-quoted and hold only names, which
@@ -110,7 +110,6 @@ from fsmc.escape import (
 )
 from fsmc.facts import CLAIM_COLUMNS
 from fsmc.model import Machine
-from fsmc.targets import sqlstate
 from fsmc.targets.common import Header, Paths
 from fsmc.targets.postgres import comments
 from fsmc.targets.postgres.encode import (
@@ -143,25 +142,13 @@ from fsmc.targets.postgres.model import (
     View,
 )
 from fsmc.targets.postgres.names import Names, Quoted, count_check, count_column, domain_names
+from fsmc.targets.sqlstate import Codes
 from fsmc.templating import as_variables, environment, render
 
 TRIPLE = "ARRAY[from_state, event, to_state]"  # what the log's CHECK casts to the moves domain
 
 
 # --- typed template contexts ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Codes:
-    """The SQLSTATEs (`fsmc.targets.sqlstate`) as every template takes them."""
-
-    illegal: str = sqlstate.ILLEGAL_TRANSITION
-    unknown_event: str = sqlstate.UNKNOWN_EVENT
-    unknown_id: str = sqlstate.UNKNOWN_ID
-    bypass: str = sqlstate.BYPASS_WRITE
-    unlogged: str = sqlstate.UNLOGGED_CHANGE
-    append_only: str = sqlstate.APPEND_ONLY
-    cap_reached: str = sqlstate.CAP_REACHED
 
 
 @dataclass(frozen=True)
