@@ -168,7 +168,7 @@ def cycle() -> list[tuple[str, str, str, str]]:
     state = str(JOB.initial)
     while not steps or state != str(JOB.initial):
         event, target = NEXT[state]
-        assert JOB.table.get((state, event)) == target, (state, event)
+        assert JOB.single.get((state, event)) == target, (state, event)
         steps.append((state, event, target, facts.lease_change(JOB, state, target).value))
         state = target
     return steps

@@ -88,11 +88,6 @@ def reclaim_choices(machine: Machine) -> list[tuple[str, tuple[str, ...]]]:
     return [(s, choices[s, reclaim]) for s in lease_states(machine) if (s, reclaim) in choices]
 
 
-def terminals(machine: Machine) -> list[str]:
-    """The terminal states, in declaration order."""
-    return [s for s in machine.state_names if s in machine.terminal_names]
-
-
 def pairs(machine: Machine) -> list[tuple[str, str]]:
     """The (from, to) pairs of the transitions, each once, at its first declaration."""
     return list(dict.fromkeys((s, t) for s, _e, t in machine.edges))

@@ -147,13 +147,6 @@ class Machine:
         return {k: ts for k, ts in self.targets.items() if len(ts) > 1}
 
     @cached_property
-    def table(self) -> dict[tuple[str, str], str]:
-        """(state, event) -> state, first declaration winning; a choice maps to its
-        first target. For targets that predate choices (the PostgreSQL schema); new
-        code reads `targets`, `single` and `choices`."""
-        return {k: ts[0] for k, ts in self.targets.items()}
-
-    @cached_property
     def edges(self) -> tuple[tuple[str, str, str], ...]:
         """The expanded table as (from, event, to) triples, in spec order, one per
         target of a choice, without duplicate declarations."""

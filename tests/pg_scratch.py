@@ -212,10 +212,10 @@ class Scratch:
 
     def walk(self, conn: psycopg.Connection[Any], row_id: Any, state: str, version: int, events: list[str],
              actor: str = "tester") -> int:  # fmt: skip
-        """Fire `events` from `state` at `version` along `machine.table` (a choice's first
+        """Fire `events` from `state` at `version` along the machine's transitions (a choice's first
         target, named in to_state), as `shortest_walk` plans; the version reached."""
         for event in events:
-            target = self.machine.table[state, event]
+            target = self.machine.targets[state, event][0]
             got = self.apply(conn, row_id, event, version, actor=actor, to_state=self.to_state(state, event, target))
             assert got == version + 1, (state, event, got)
             state, version = target, got
@@ -275,7 +275,7 @@ def shortest_walk(machine: Machine, start: str, into: set[str]) -> list[str]:
         here = queue.popleft()
         if here in into:
             return seen[here]
-        for (state, event), to in machine.table.items():
+        for (state, event), (to, *_) in machine.targets.items():  # a choice: its first target
             if state == here and to not in seen:
                 seen[to] = seen[here] + [event]
                 queue.append(to)
@@ -289,7 +289,7 @@ def walk_of_length(machine: Machine, length: int, end_in: set[str]) -> list[str]
     for _ in range(length):
         nxt: dict[str, list[str]] = {}
         for here, events in layers[-1].items():
-            for (source_state, event), to in machine.table.items():
+            for (source_state, event), (to, *_) in machine.targets.items():  # a choice: its first target
                 if source_state == here and to not in nxt:
                     nxt[to] = events + [event]
         layers.append(nxt)

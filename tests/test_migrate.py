@@ -85,20 +85,20 @@ def old_rows_move_on(db: Migrated, before: Data) -> None:
     moved = 0
     with db.connect() as conn:
         for row_id, (state, version, *_claims) in before.rows.items():
-            events = [e for (s, e) in m.table if s == state]
+            events = [e for (s, e) in m.targets if s == state]
             for event in events:
                 for target in m.targets[state, event]:
                     to_state = db.to_state(state, event, target)
                     assert db.apply(conn, row_id, event, version, actor="after", to_state=to_state) == version + 1
                     assert db.row(conn, row_id) == (target, version + 1)
                     conn.rollback()
-            for event in (e for e in m.event_names if (state, e) not in m.table):
+            for event in (e for e in m.event_names if (state, e) not in m.targets):
                 with pytest.raises(psycopg.IntegrityError):
                     db.apply(conn, row_id, event, version)
                 conn.rollback()
             if events:
                 last = events[-1]
-                to_state = db.to_state(state, last, m.table[state, last])
+                to_state = db.to_state(state, last, m.targets[state, last][0])
                 assert db.apply(conn, row_id, last, version, actor="after", to_state=to_state) == version + 1
                 conn.commit()
                 moved += 1

@@ -64,7 +64,7 @@ def test_a_worker_idle_in_a_transaction_keeps_its_row_until_the_timeout_ends_it(
         while (row_id,) not in supervisor.execute(reclaim).fetchall():
             assert time.monotonic() < deadline, "the idle transaction was never ended"
             time.sleep(0.2)
-        assert db.row(supervisor, row_id) == (db.machine.table[held, str(db.machine.lease.reclaim)],
+        assert db.row(supervisor, row_id) == (db.machine.single[held, str(db.machine.lease.reclaim)],
                                               version + 1)  # fmt: skip
     with pytest.raises(psycopg.Error) as raised:  # the server ended the idle session
         worker.execute("SELECT 1")

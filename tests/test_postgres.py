@@ -210,7 +210,7 @@ def test_apply_refuses_every_illegal_pair_naming_state_and_event(db: Scratch) ->
             row_id, version = db.row_at(conn, state)
             before = snapshot(db, conn)
             for event in m.event_names:
-                if (state, event) in m.table:
+                if (state, event) in m.targets:
                     continue
                 with pytest.raises(psycopg.IntegrityError) as raised:
                     db.apply(conn, row_id, event, version)
@@ -248,8 +248,8 @@ def test_apply_checks_the_version_before_the_event(db: Scratch) -> None:
     m = db.machine
     with db.connect() as conn:
         row_id, version = db.row_at(conn, str(m.initial))
-        legal = next(e for (s, e) in m.table if s == m.initial)
-        illegal = next(e for e in m.event_names if (str(m.initial), e) not in m.table)
+        legal = next(e for (s, e) in m.targets if s == m.initial)
+        illegal = next(e for e in m.event_names if (str(m.initial), e) not in m.targets)
         before = snapshot(db, conn)
         for stale in (version + 1, version - 1, 99):
             for event in (legal, illegal, "no_such_event"):
@@ -689,7 +689,7 @@ def test_reclaim_moves_every_stale_lease_row_and_nothing_else(lease_db: Scratch)
         conn.commit()
         assert got == set(stale)
         for row_id, (state, version) in stale.items():
-            target = m.table[state, reclaim_event]
+            target = m.single[state, reclaim_event]
             assert db.row(conn, row_id) == (target, version + 1)
             assert db.events_of(conn, row_id)[-1] == (version + 1, state, reclaim_event, target, "supervisor")
         for row_id, before in {**fresh, **free}.items():
@@ -719,7 +719,7 @@ def test_the_seeds_stale_worker_is_fenced_out(lease_db: Scratch) -> None:
     assert m.lease is not None
     held = lease_states(m)
     walk = walk_of_length(m, 7, {s for s in held if any(
-        src == s and e != m.lease.reclaim for (src, e) in m.table)})  # fmt: skip
+        src == s and e != m.lease.reclaim for (src, e) in m.targets)})  # fmt: skip
     with db.connect() as worker, db.connect() as supervisor:
         row_id = db.new_row(worker)
         version = 0
@@ -734,7 +734,7 @@ def test_the_seeds_stale_worker_is_fenced_out(lease_db: Scratch) -> None:
         supervisor.commit()
         after_reclaim = snapshot(db, supervisor)
         assert db.row(supervisor, row_id)[1] == 8
-        late = next(e for (src, e) in m.table if src == state and e != m.lease.reclaim)
+        late = next(e for (src, e) in m.targets if src == state and e != m.lease.reclaim)
         assert db.apply(worker, row_id, late, read_version, actor="worker") is None
         assert worker.execute(db.q("SELECT {heartbeat}(%s, %s)"), (row_id, read_version)).fetchone() == (False,)
         worker.commit()
@@ -936,19 +936,19 @@ def test_random_traffic_leaves_a_log_that_replays_to_every_row(db: Scratch) -> N
             try:
                 got = db.apply(conn, row_id, event, expected)
             except psycopg.IntegrityError as error:
-                assert expected == version and (state, event) not in m.table, error
+                assert expected == version and (state, event) not in m.single, error
                 continue
             if expected != version:
                 assert got is None
             else:
                 assert got == version + 1
-                rows[row_id] = (m.table[state, event], got)
+                rows[row_id] = (m.single[state, event], got)
         if m.lease:
             conn.commit()
             db.as_owner("UPDATE {table} SET heartbeat_at = now() - interval '1 hour' WHERE heartbeat_at IS NOT NULL")
             for row_id in reclaim(db, conn):
                 state, version = rows[row_id]
-                rows[row_id] = (m.table[state, str(m.lease.reclaim)], version + 1)
+                rows[row_id] = (m.single[state, str(m.lease.reclaim)], version + 1)
         assert {r: db.row(conn, r) for r in rows} == rows
         assert db.replay_problems(conn) == []
     # The replay can fail: a row moved behind the log's back (triggers off, as its owner
@@ -969,7 +969,7 @@ def test_the_modules_transition_calls_apply_and_maps_its_answers(db: Scratch, tm
     module = module_of(db.machine, tmp_path)
     m = db.machine
     source_state, event, target = next(e for e in m.edges if e[0] == m.initial)
-    illegal = next(e for e in m.event_names if (source_state, e) not in m.table)
+    illegal = next(e for e in m.event_names if (source_state, e) not in m.targets)
     with db.connect() as conn:
         row_id, version = db.row_at(conn, source_state)
         assert module.transition(conn, row_id, module.Event(event), expected_version=version,

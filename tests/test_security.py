@@ -82,8 +82,8 @@ def real_row(db: Scratch, conn: psycopg.Connection[Any], row_id: Any) -> tuple[s
 
 def forgeable(machine: Machine) -> tuple[str, str]:
     """A state other than the initial one, and an event legal there but not initially."""
-    for (state, event), _target in machine.table.items():
-        if state != machine.initial and (str(machine.initial), event) not in machine.table:
+    for (state, event), _target in machine.targets.items():
+        if state != machine.initial and (str(machine.initial), event) not in machine.targets:
             return state, event
     raise AssertionError("every event is legal in the initial state")
 
@@ -257,7 +257,7 @@ def test_operators_before_pg_catalog_do_not_switch_the_guards_off(db: Scratch, e
         jump = "UPDATE {table} SET state = %s, state_version = state_version + 100 WHERE id = %s"
         error = refused(app, db.q(jump), (target, row_id))
         assert sqlstate_of(error) == sqlstate.BYPASS_WRITE, error
-        illegal = next(e for e in m.event_names if (terminal, e) not in m.table)
+        illegal = next(e for e in m.event_names if (terminal, e) not in m.targets)
         error = refused(app, db.q("SELECT {apply}(%s, %s, %s, 'attacker')"),
                         (done_id, illegal, done_version))  # fmt: skip
         assert sqlstate_of(error) == sqlstate.ILLEGAL_TRANSITION, error

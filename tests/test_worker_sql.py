@@ -425,7 +425,7 @@ def test_claim_on_a_machine_without_lease(pg_dsn: str) -> None:
     runner = Scratch.create(pg_dsn, machine_of("runner"))
     try:
         m = runner.machine
-        event = next(e for (s, e) in m.table if s == str(m.initial))
+        event = next(e for (s, e) in m.targets if s == str(m.initial))
         with runner.connect() as conn:
             ids = [runner.new_row(conn) for _ in range(3)]
             conn.commit()
