@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsmc.model import Machine
-from fsmc.targets import python
-from fsmc.targets.common import Header, module_name
+from fsmc.targets.common import ID_TYPES, Header, module_name
 from fsmc.targets.postgres.build import Build, SuiteContext, suite_context
 from fsmc.templating import as_variables, render
 
@@ -48,6 +47,6 @@ def emit(machine: Machine, pg: Build) -> str:
         transitions=[(s, e, t) for (s, e), t in m.single.items()],
         choices=[(s, e, sorted(ts)) for (s, e), ts in m.choices.items()],
         caps=list(m.cap_limits.items()),
-        sample_id=python.SAMPLE_IDS[m.postgres.id_type],
+        sample_id=ID_TYPES[m.postgres.id_type].sample,
         sql=suite_context(pg),
     )))

@@ -7,16 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsmc.model import Machine
-from fsmc.targets.common import Header
+from fsmc.targets.common import ID_TYPES, Header
 from fsmc.targets.postgres.names import Names, count_column
 from fsmc.targets.sqlstate import Codes
 from fsmc.templating import as_variables, render
-
-ID_TYPES = {"uuid": "uuid.UUID", "bigint": "int", "text": "str"}
-# The id's type as the module's SQL casts its argument (named through pg_catalog).
-PG_ID_TYPES = {"uuid": "pg_catalog.uuid", "bigint": "pg_catalog.int8", "text": "pg_catalog.text"}
-# A sample id per id type, as Python source, for the generated tests.
-SAMPLE_IDS = {"uuid": 'uuid.UUID(int=1)', "bigint": "1", "text": '"id-1"'}
 
 
 def member(name: str) -> str:
@@ -95,8 +89,8 @@ def context(machine: Machine) -> ModuleContext:
         transitions=[(member(s), member(e), member(t)) for (s, e), t in m.single.items()],
         choices=[(member(s), member(e), [member(t) for t in ts]) for (s, e), ts in m.choices.items()],
         caps=[(member(e), count_field(e), cap) for e, cap in m.cap_limits.items()],
-        id_type=ID_TYPES[m.postgres.id_type],
-        pg_id_type=PG_ID_TYPES[m.postgres.id_type],
+        id_type=ID_TYPES[m.postgres.id_type].python,
+        pg_id_type=ID_TYPES[m.postgres.id_type].cast,
         schema=m.postgres.schema,
         uses_uuid=m.postgres.id_type == "uuid",
         codes=Codes(),

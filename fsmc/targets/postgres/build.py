@@ -110,10 +110,9 @@ from fsmc.escape import (
 )
 from fsmc.facts import CLAIM_COLUMNS
 from fsmc.model import Machine
-from fsmc.targets.common import Header, Paths
+from fsmc.targets.common import ID_TYPES, Header, Paths
 from fsmc.targets.postgres import comments
 from fsmc.targets.postgres.encode import (
-    ID_COLUMNS,
     change_sql,
     claim_assignments,
     claim_values,
@@ -274,7 +273,8 @@ def build(machine: Machine) -> Build:
         """The body of `function`: the macro of that name in machine_bodies.sql.j2."""
         return str(getattr(bodies, function)())
 
-    id_type, id_default, identity = ID_COLUMNS[m.postgres.id_type]
+    ids = ID_TYPES[m.postgres.id_type]
+    id_type = ids.sql
     triples_hash = short_hash(triples(m))
     domains = spec_domains(m, triples_hash)
     state_domain, transition_domain = domains
@@ -282,7 +282,7 @@ def build(machine: Machine) -> Build:
     table = Table(
         name=n.table,
         columns=(
-            Column("id", id_type, not_null=True, default=id_default, identity=identity),
+            Column("id", id_type, not_null=True, default=ids.default, identity=ids.identity),
             Column("state", "text", not_null=True, default=sql_str(str(m.initial))),
             Column("state_version", "bigint", not_null=True, default="0"),
             # When the row was born, and when it entered its current state (every move
@@ -501,7 +501,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         event_list=", ".join(m.event_names),
         lease=lease,
         codes=Codes(),
-        id_type=ID_COLUMNS[m.postgres.id_type][0],
+        id_type=ID_TYPES[m.postgres.id_type].sql,
         claiming=ClaimContext(
             sources=sources_jsonb(m),
             claims=claim_assignments("x.lease", f"{n.claim}.actor", "t") if m.lease else [],

@@ -20,18 +20,12 @@ from fsmc import facts
 from fsmc.escape import sql_str, sql_text_array
 from fsmc.facts import CLAIM_COLUMNS, CLAIM_RULE, Action
 from fsmc.model import Machine
-
-# The id column per id_type: (type, default, identity).
-ID_COLUMNS = {
-    "uuid": ("uuid", "pg_catalog.gen_random_uuid()", False),
-    "bigint": ("bigint", None, True),
-    "text": ("text", None, False),
-}
+from fsmc.targets.common import ID_TYPES
 
 
 def id_type(machine: Machine) -> str:
-    """The SQL type of the machine's ids (`ID_COLUMNS`)."""
-    return ID_COLUMNS[machine.postgres.id_type][0]
+    """The SQL type of the machine's ids (`fsmc.targets.common.ID_TYPES`)."""
+    return ID_TYPES[machine.postgres.id_type].sql
 
 
 def short_hash(parts: Iterable[str]) -> str:

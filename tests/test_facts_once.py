@@ -1,0 +1,33 @@
+"""Facts written in two forms, held together: where one fact must be stated twice
+(a JSON Schema for editors and the shape check, Python for the semantic rules and
+the targets), a test says the two agree, so neither drifts alone."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fsmc import model, validate
+from fsmc.shape import schema_text
+from fsmc.targets import common
+
+
+def schema() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(schema_text())
+    return loaded
+
+
+def test_the_json_schemas_name_rules_are_the_validators() -> None:
+    defs = schema()["$defs"]
+    name, table = f"^{validate.NAME.pattern}$", f"^{validate.TABLE.pattern}$"
+    assert (defs["name"]["pattern"], defs["name"]["maxLength"]) == (name, validate.NAME_MAX)
+    assert (defs["table"]["pattern"], defs["table"]["maxLength"]) == (table, validate.TABLE_MAX)
+    transition = defs["transition"]["properties"]
+    assert transition["from"]["pattern"] == f"^({validate.NAME.pattern}|[*])$"
+    assert (transition["to"]["pattern"], transition["to"]["maxLength"]) == (name, validate.NAME_MAX)
+    assert transition["from"]["maxLength"] == validate.NAME_MAX
+
+
+def test_the_id_types_are_one_table() -> None:
+    enum = schema()["properties"]["postgres"]["properties"]["id_type"]["enum"]
+    assert enum == list(model.ID_TYPES) == list(common.ID_TYPES)
