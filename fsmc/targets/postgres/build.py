@@ -344,16 +344,11 @@ def build(machine: Machine) -> Build:
                  comment: tuple[str, ...] = ()) -> None:  # fmt: skip
         functions.append((raw, Function(sql_ident(raw), args, returns, language, body, attributes, settings, comment)))
 
-    def trigger_function(raw: str, *settings: tuple[str, str], comment: tuple[str, ...] = (),
+    def trigger_function(raw: str, macro: str, *settings: tuple[str, str], comment: tuple[str, ...] = (),
                          attributes: tuple[str, ...] = ()) -> None:  # fmt: skip
-        function(raw, returns="trigger", body=body(raw_macro[raw]), attributes=attributes,
-                 settings=settings, comment=comment)  # fmt: skip
+        function(raw, returns="trigger", body=body(macro), attributes=attributes, settings=settings,
+                 comment=comment)  # fmt: skip
 
-    raw_macro = {
-        names.guard_insert: "guard_insert", names.guard_update: "guard_update",
-        names.check_logged: "check_logged", names.check_event: "check_event",
-        names.append_only: "append_only", names.guard_delete: "guard_delete",
-    }  # fmt: skip
     function(names.digest, returns="text", language="sql", body=sql_str(machine_digest(m)),
              attributes=("IMMUTABLE", "PARALLEL SAFE"), comment=comments.FUNCTIONS)  # fmt: skip
     function(names.format, returns="integer", language="sql", body=str(SCHEMA_FORMAT),
@@ -385,16 +380,19 @@ def build(machine: Machine) -> Build:
     function(names.purge, Parameter("older_than", "interval"), Parameter("max_rows", "integer"),
              returns="bigint", body=body("purge"), attributes=("SECURITY DEFINER",),
              settings=_SEQSCAN_OFF, comment=comments.PURGE)  # fmt: skip
-    trigger_function(names.guard_insert, comment=(
+    trigger_function(names.guard_insert, "guard_insert", comment=(
         f"Defense in depth: writes that bypass {m.name}_apply (a manual UPDATE during an",
         "incident) still keep to the spec. Each trigger's column list or WHEN clause keeps",
         "from its function the writes its rule has nothing to say about.",
     ))  # fmt: skip
-    trigger_function(names.guard_update, *_SEQSCAN_OFF, attributes=_WRITER, comment=comments.GUARD_UPDATE)
-    trigger_function(names.check_logged, *_SEQSCAN_OFF)
-    trigger_function(names.check_event, *_SEQSCAN_OFF)
-    trigger_function(names.append_only, attributes=("SECURITY DEFINER",), comment=comments.APPEND_ONLY)
-    trigger_function(names.guard_delete, attributes=("SECURITY DEFINER",), comment=comments.GUARD_DELETE)
+    trigger_function(names.guard_update, "guard_update", *_SEQSCAN_OFF, attributes=_WRITER,
+                     comment=comments.GUARD_UPDATE)  # fmt: skip
+    trigger_function(names.check_logged, "check_logged", *_SEQSCAN_OFF)
+    trigger_function(names.check_event, "check_event", *_SEQSCAN_OFF)
+    trigger_function(names.append_only, "append_only", attributes=("SECURITY DEFINER",),
+                     comment=comments.APPEND_ONLY)  # fmt: skip
+    trigger_function(names.guard_delete, "guard_delete", attributes=("SECURITY DEFINER",),
+                     comment=comments.GUARD_DELETE)  # fmt: skip
 
     born_elsewhere = " OR ".join(
         [
