@@ -40,6 +40,7 @@ from fsmc.targets import sqlstate
 from fsmc.targets.postgres.build import build, emit
 from fsmc.targets.postgres.names import Names
 from tests import migrating as tm
+from tests.harness import refused, sqlstate_of
 from tests.pg_scratch import (
     LEASE_SPEC_NAMES,
     SPEC_NAMES,
@@ -52,7 +53,6 @@ from tests.pg_scratch import (
     path_to,
     writer_of,
 )
-from tests.test_postgres import refused, sqlstate_of
 
 
 @pytest.fixture(params=SPEC_NAMES)

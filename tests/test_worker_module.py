@@ -7,8 +7,6 @@ The database tests play the application (`Scratch.connect()`: the README's grant
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +17,7 @@ import pytest
 
 from fsmc.targets import generate
 from fsmc.targets.common import Paths
+from tests import harness
 from tests.pg_scratch import Scratch, machine_of, module_of
 
 
@@ -243,17 +242,15 @@ def test_mypy_tells_a_sync_connection_from_an_async_one(tmp_path: Path) -> None:
     misspelled event name is a misuse too (the module's EventName type)."""
     machine = machine_of("job")
     (tmp_path / "fsm_job.py").write_text(generate(machine).files[Paths.of(machine).module])
-    # Once with the ignores (must pass: both misuses are errors, the right calls are
-    # not) and once without (exactly the two misuses fail).
+    # Once with the ignores (must pass: the misuses are errors, the right calls are
+    # not) and once without (exactly the three misuses fail).
     (tmp_path / "use.py").write_text(MISUSE)
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "fsm_job.py").write_text((tmp_path / "fsm_job.py").read_text())
     (bare / "use.py").write_text(MISUSE.replace("  # type: ignore[arg-type]", ""))
     for folder, expected in ((tmp_path, 0), (bare, 3)):
-        ran = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--warn-unused-ignores",
-                              "--no-incremental", "--cache-dir", str(folder / ".mypy_cache"),
-                              str(folder / "use.py")], cwd=folder, capture_output=True, text=True)  # fmt: skip
+        ran = harness.mypy("--warn-unused-ignores", folder / "use.py", cwd=folder)
         errors = [line for line in ran.stdout.splitlines() if ": error:" in line]
         assert len(errors) == expected, ran.stdout
         if expected:

@@ -51,8 +51,8 @@ from fsmc.model import Machine
 from fsmc.targets import sqlstate
 from fsmc.targets.postgres.build import build, emit
 from fsmc.targets.postgres.names import Names
+from tests.harness import refused, refused_at_commit, snapshot, sqlstate_of
 from tests.pg_scratch import TIMEOUTS, Scratch, machine_from_text, writer_of
-from tests.test_postgres import refused, refused_at_commit, snapshot, sqlstate_of
 
 INSUFFICIENT_PRIVILEGE = "42501"
 
