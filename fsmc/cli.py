@@ -120,6 +120,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                          help="leave out BEGIN and COMMIT, to run inside a migration framework's transaction")  # fmt: skip
     migrate.set_defaults(run=_migrate)
 
+    roles = sub.add_parser(
+        "roles",
+        help="the SQL that provisions an installation's roles: the writer role an "
+        "administrator makes before the install, and the application's grants",
+    )
+    roles.add_argument("spec", metavar="SPEC")
+    roles.add_argument("--database", required=True, help="the database the .sql is installed into")
+    roles.add_argument("--schema", help="the schema it is installed into (default: the spec's postgres.schema, else public)")
+    roles.add_argument("--owner", required=True, help="the role that installs it (owns the schema)")
+    roles.add_argument("--app", required=True, metavar="ROLE", help="the role the application connects as")
+    roles.set_defaults(run=_roles)
+
     schema = sub.add_parser("schema", help="print the JSON Schema of the spec language")
     schema.set_defaults(run=_schema)
     return p, dict(sub.choices)
@@ -305,6 +317,37 @@ def _migrate(args: argparse.Namespace) -> int:
         output.replace_atomically(path, script.encode("utf-8"), path.parent)
     except OSError as exc:
         raise Trouble(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    return EXIT_OK
+
+
+def _roles(args: argparse.Namespace) -> int:
+    from fsmc.escape import sql_comment, sql_ident
+    from fsmc.targets.common import Paths
+    from fsmc.targets.postgres.build import build
+    from fsmc.targets.postgres.install import app_grants
+    from fsmc.targets.postgres.names import writer_role
+
+    checked = _checked(args.spec)
+    _print_diagnostics(checked.diagnostics, "text", data_on_stdout=True)
+    if not checked.ok():
+        print(f"fsmc: nothing printed: {args.spec} has errors", file=sys.stderr)
+        return EXIT_ERRORS
+    m = checked.machine
+    schema = args.schema or m.postgres.schema
+    writer, owner = sql_ident(writer_role(str(m.name), args.database, schema)), sql_ident(args.owner)
+    sql_file = Paths.of(m).sql.rsplit("/", 1)[-1]
+    # The names the user gave reach the comments escaped (a line break would end one).
+    lines = [
+        f"-- The {m.name} machine in schema {sql_comment(schema)} of database {sql_comment(args.database)}: its roles.",
+        "-- 1. An administrator, before the install (an owner that may create roles does this itself):",
+        f"CREATE ROLE {writer} NOLOGIN;",
+        f"GRANT {writer} TO {owner};",
+        f"-- 2. {sql_comment(args.owner)} installs it: PGOPTIONS='-c search_path={sql_comment(schema)}'"
+        f" psql -v ON_ERROR_STOP=1 -1 -f {sql_file}",
+        f"-- 3. {sql_comment(args.owner)} grants the application's role what it needs, and nothing more:",
+        *app_grants(build(m).install, schema, args.app),
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
     return EXIT_OK
 
 

@@ -13,6 +13,8 @@ and distinct from each other however long the spec's names are.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, fields
 from functools import cached_property
 
@@ -145,3 +147,50 @@ def domain_names(machine: Machine, states_hash: str, moves_hash: str) -> tuple[t
         (sql_name(m, "state", states_hash), sql_name(m, "state_check")),
         (sql_name(m, "moves", moves_hash), sql_name(m, "transition_check")),
     )
+
+
+# The keywords PostgreSQL's quote_ident() quotes: every category but unreserved
+# (`SELECT word FROM pg_get_keywords() WHERE catcode <> 'U'` on 15; a test holds the
+# two together on the test server). Not `escape.sql_ident`'s list, which quotes every
+# keyword: harmless for naming an object, wrong for reproducing a hash over format('%I').
+_QUOTED_KEYWORDS = frozenset(
+    """
+    all analyse analyze and any array as asc asymmetric authorization between bigint binary
+    bit boolean both case cast char character check coalesce collate collation column
+    concurrently constraint create cross current_catalog current_date current_role
+    current_schema current_time current_timestamp current_user dec decimal default
+    deferrable desc distinct do else end except exists extract false fetch float for
+    foreign freeze from full grant greatest group grouping having ilike in initially inner
+    inout int integer intersect interval into is isnull join lateral leading least left
+    like limit localtime localtimestamp national natural nchar none normalize not notnull
+    null nullif numeric offset on only or order out outer overlaps overlay placing position
+    precision primary real references returning right row select session_user setof similar
+    smallint some substring symmetric table tablesample then time timestamp to trailing
+    treat trim true union unique user using values varchar variadic verbose when where
+    window with xmlattributes xmlconcat xmlelement xmlexists xmlforest xmlnamespaces
+    xmlparse xmlpi xmlroot xmlserialize xmltable
+    """.split()
+)
+_PLAIN = re.compile(r"[a-z_][a-z0-9_]*")
+WRITER_HEAD_BYTES = 40  # the writer role's name: <schema>_<machine>, cut to this, then _writer_<hash>
+
+
+def quote_ident(name: str) -> str:
+    """PostgreSQL's quote_ident(): `name` bare when it is lower-case plain and no keyword
+    quote_ident quotes, double-quoted otherwise."""
+    if _PLAIN.fullmatch(name) and name not in _QUOTED_KEYWORDS:
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def writer_role(machine: str, database: str, schema: str) -> str:
+    """The writer role the `.sql` file makes or asks for when installed into `schema`
+    of `database` (templates/install.sql.j2, `prepare`, computes the same in SQL):
+    `<schema>_<machine>` cut to 40 bytes, then `_writer_` and 10 hex digits of the
+    sha256 of the three names as `format('%I.%I.%I')` writes them. So an administrator
+    can make it before the install (`fsmc roles`)."""
+    head = f"{schema}_{machine}"
+    while len(head.encode()) > WRITER_HEAD_BYTES:
+        head = head[:-1]
+    qualified = ".".join(quote_ident(n) for n in (database, schema, machine))
+    return f"{head}_writer_{hashlib.sha256(qualified.encode()).hexdigest()[:10]}"
