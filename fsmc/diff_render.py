@@ -279,6 +279,7 @@ def diagram(changes: Changes) -> str:
         initial=ids[new.initial],
         transitions=[(ids[s], label, ids[t]) for s, label, t in labelled],
         terminals=[ids[s] for s in new.terminals],
+        lease=[],  # the change marks are this diagram's classes
     )
     added_states = [n.name for n in c.states.added]
     # A state whose role changed: it became or stopped being terminal, or is the new

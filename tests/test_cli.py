@@ -363,7 +363,7 @@ def test_build_check_in_github_format_annotates_every_stale_missing_or_orphan_fi
     [
         (["chek", "x.yaml"], "fsmc: error: unknown command 'chek'; did you mean 'check'?"),
         (["biuld"], "fsmc: error: unknown command 'biuld'; did you mean 'build'?"),
-        (["zzz"], "fsmc: error: unknown command 'zzz' (commands: check, build, graph, diff, migrate, schema)"),
+        (["zzz"], "fsmc: error: unknown command 'zzz' (commands: check, build, graph, diff, migrate, roles, schema)"),
     ],
 )
 def test_an_unknown_command_is_named_with_the_closest_one(argv, message, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -84,7 +84,11 @@ def test_real_mermaid_draws_one_arrow_per_choice_target() -> None:
     for machine, result in zip(machines, results, strict=True):
         assert machine is not None and result.ok and result.is_state_diagram, machine.name
         arrows = sorted((s, t, e) for s, t, e in result.edges if mermaid_check.START not in (s, t))
-        assert arrows == sorted((s, t, e) for s, e, t in machine.edges), machine.name
+        # Each arrow labelled with its event, a capped one with its limit too.
+        labels = {e: f"{e} (max {cap})" for e, cap in machine.cap_limits.items()}
+        assert arrows == sorted((s, t, labels.get(e, e)) for s, e, t in machine.edges), machine.name
+        lease = set(machine.lease.states) if machine.lease is not None else set()
+        assert mermaid.diagram(machine).count(" lease\n") == (1 if lease else 0), machine.name
         choice_arrows = {(s, t, e) for s, t, e in arrows if (s, e) in machine.choices}
         assert len(choice_arrows) == sum(len(ts) for ts in machine.choices.values())
 

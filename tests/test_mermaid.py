@@ -306,8 +306,10 @@ def test_generated_diagrams_draw_their_specs(parsed: Parsed) -> None:
         checked = pipeline.check(source.read(str(ROOT / "specs" / f"{mmd.parent.name}.yaml")))
         m = checked.machine
         assert m is not None and m.initial is not None
+        # A capped event's arrow says its limit (`retry (max 5)`).
+        labels = {e: f"{e} (max {cap})" for e, cap in m.cap_limits.items()}
         spec = Spec(str(m.name), str(m.initial), m.state_names, tuple(sorted(m.terminal_names)),
-                    m.edges)  # fmt: skip
+                    tuple((s, labels.get(e, e), t) for s, e, t in m.edges))  # fmt: skip
         result = parsed.results[f"generated/{mmd.parent.name}/{mmd.name}"]
         assert not list(problems(result, spec))
         readme = parsed.results[f"generated/{mmd.parent.name}/README.md#0"]

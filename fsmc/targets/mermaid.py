@@ -19,8 +19,9 @@ lower-case, so an upper-case `S_` prefix never collides) and a
   machine a state whose name starts with `tb`, `bt`, `rl` or `lr` may begin the
   next line, so there it is aliased too. Elsewhere those names stay plain.
 
-Event names are edge labels (`a --> b: event`): the lexer takes the rest of the
-line as the label, so every event name is safe there.
+Event names are edge labels (`a --> b: event`, `event (max N)` for a capped one): the
+lexer takes the rest of the line as the label, so every event name is safe there. The
+lease states are drawn in a `lease` class (`classDef`, then `class a,b lease`).
 
 Mermaid refuses to draw text longer than its maxTextSize (50,000 by default),
 measured without the `%%` comment lines; `mermaid.parse` does not check it, so the
@@ -68,8 +69,9 @@ class DiagramContext:
 
     aliases: list[tuple[str, str]]  # (id, state) where a state's id is not its name
     initial: str  # its id
-    transitions: list[tuple[str, str, str]]  # (source id, event, target id)
+    transitions: list[tuple[str, str, str]]  # (source id, label: the event, and a cap's limit, target id)
     terminals: list[str]  # ids
+    lease: list[str]  # the lease states' ids, drawn in the lease class
     lone: list[str]  # a state on no arrow (only in a spec with errors, drawn by `fsmc graph`)
 
 
@@ -90,10 +92,18 @@ def diagram(machine: Machine) -> str:
     return render("diagram.mmd.j2", **as_variables(DiagramContext(
         aliases=[(i, s) for s, i in ids.items() if i != s],
         initial=ids.get(initial, initial),
-        transitions=[(ids[s], e, ids[t]) for s, e, t in m.edges],
+        transitions=[(ids[s], edge_label(e, m.cap_limits.get(e)), ids[t]) for s, e, t in m.edges],
         terminals=[ids[s] for s in m.terminals_in_order],
+        lease=[ids[s] for s in m.lease.states] if m.lease is not None else [],
         lone=[i for s, i in ids.items() if s not in mentioned and i == s],
     )))  # fmt: skip
+
+
+def edge_label(event: str, cap: int | None) -> str:
+    """An arrow's label: its event, and a capped event's limit (`retry (max 5)`), so a
+    reviewer sees the budget on the drawing. The lexer takes the rest of the line as
+    the label, so the parentheses are plain text."""
+    return event if cap is None else f"{event} (max {cap})"
 
 
 def emit(machine: Machine, body: str) -> str:
