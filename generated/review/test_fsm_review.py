@@ -252,7 +252,7 @@ def test_illegal_transition_survives_pickling() -> None:
 
 
 # --- The database side (contract 4.2), when FSMC_PG_DSN names a PostgreSQL database.
-# Each test loads review.sql into its own scratch schema, dropped afterwards.
+# The tests load review.sql into one scratch schema, dropped afterwards.
 
 SQL_FILE = pathlib.Path(__file__).with_name("review.sql")
 SQL_TABLE = "reviews"
@@ -355,8 +355,10 @@ def _walk(start: str, goals: set[str]) -> list[tuple[str, str | None]] | None:
     return None
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def db() -> collections.abc.Iterator[Database]:
+    """One scratch schema for this file's database tests: each works on rows of its own
+    and leaves every row consistent with the log (the replay test reads them all)."""
     dsn = os.environ.get("FSMC_PG_DSN")
     if not dsn:
         pytest.skip("set FSMC_PG_DSN to a PostgreSQL database to run the database checks")
