@@ -167,9 +167,9 @@ CREATE FUNCTION breaker_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN '902bf76b2cc09568d9b9e2473f36b95c09db16c3f50d5d7a234bf99c559f53a8';
 
--- The format of the schema fsmc built (fsmc.targets.sql.SCHEMA_FORMAT): `fsmc migrate`
--- upgrades a database an older fsmc built (no such function: format 1) before it
--- compares machines, so an old database is migrated, never taken for current.
+-- The format of the schema fsmc built (fsmc.targets.postgres.formats.SCHEMA_FORMAT):
+-- `fsmc migrate` upgrades a database an older fsmc built (no such function: format 1)
+-- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION breaker_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 6;

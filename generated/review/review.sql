@@ -169,9 +169,9 @@ CREATE FUNCTION review_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN '8135004d6518294a1feb0ff3bd3480dbf59da7e93eb284f3e8b772b0ab5c8e88';
 
--- The format of the schema fsmc built (fsmc.targets.sql.SCHEMA_FORMAT): `fsmc migrate`
--- upgrades a database an older fsmc built (no such function: format 1) before it
--- compares machines, so an old database is migrated, never taken for current.
+-- The format of the schema fsmc built (fsmc.targets.postgres.formats.SCHEMA_FORMAT):
+-- `fsmc migrate` upgrades a database an older fsmc built (no such function: format 1)
+-- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION review_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 6;

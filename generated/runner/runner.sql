@@ -165,9 +165,9 @@ CREATE FUNCTION runner_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN '1a9ea1e2a9f89f5313d634e87ff33cdd1ae5b4504cf1ffa11f49babff9894c07';
 
--- The format of the schema fsmc built (fsmc.targets.sql.SCHEMA_FORMAT): `fsmc migrate`
--- upgrades a database an older fsmc built (no such function: format 1) before it
--- compares machines, so an old database is migrated, never taken for current.
+-- The format of the schema fsmc built (fsmc.targets.postgres.formats.SCHEMA_FORMAT):
+-- `fsmc migrate` upgrades a database an older fsmc built (no such function: format 1)
+-- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION runner_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 6;

@@ -178,9 +178,9 @@ CREATE FUNCTION subscription_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2';
 
--- The format of the schema fsmc built (fsmc.targets.sql.SCHEMA_FORMAT): `fsmc migrate`
--- upgrades a database an older fsmc built (no such function: format 1) before it
--- compares machines, so an old database is migrated, never taken for current.
+-- The format of the schema fsmc built (fsmc.targets.postgres.formats.SCHEMA_FORMAT):
+-- `fsmc migrate` upgrades a database an older fsmc built (no such function: format 1)
+-- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION subscription_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 6;

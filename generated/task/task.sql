@@ -181,9 +181,9 @@ CREATE FUNCTION task_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN '62e39537bf8f1c8467eb2d2d42d95a153440c00395e86b73993932370460177b';
 
--- The format of the schema fsmc built (fsmc.targets.sql.SCHEMA_FORMAT): `fsmc migrate`
--- upgrades a database an older fsmc built (no such function: format 1) before it
--- compares machines, so an old database is migrated, never taken for current.
+-- The format of the schema fsmc built (fsmc.targets.postgres.formats.SCHEMA_FORMAT):
+-- `fsmc migrate` upgrades a database an older fsmc built (no such function: format 1)
+-- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION task_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 6;

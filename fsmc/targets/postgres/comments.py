@@ -75,12 +75,10 @@ INTERVALS = (
     "in), each later one from the event that brought it in, to the event that took it out",
     "(the next version's), or to now() while the row is still there.",
 )
-# It names the module SCHEMA_FORMAT lived in when the sentence was written
-# (fsmc.targets.postgres.formats now): the generated files keep their bytes.
 FORMAT = (
-    "The format of the schema fsmc built (fsmc.targets.sql.SCHEMA_FORMAT): `fsmc migrate`",
-    "upgrades a database an older fsmc built (no such function: format 1) before it",
-    "compares machines, so an old database is migrated, never taken for current.",
+    "The format of the schema fsmc built (fsmc.targets.postgres.formats.SCHEMA_FORMAT):",
+    "`fsmc migrate` upgrades a database an older fsmc built (no such function: format 1)",
+    "before it compares machines, so an old database is migrated, never taken for current.",
 )
 PURGE = (
     "The only way history is deleted. SECURITY DEFINER, to write the owner's ticket table",
