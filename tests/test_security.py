@@ -24,6 +24,10 @@ example spec, and proves the attack fails or changes nothing:
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,13 +38,14 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from fsmc.digest import machine_digest
 from fsmc.migrate import migrate
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
 from fsmc.targets.postgres.build import build, emit
 from fsmc.targets.postgres.names import Names
 from tests import migrating as tm
-from tests.harness import refused, sqlstate_of
+from tests.harness import refused, snapshot, sqlstate_of
 from tests.pg_scratch import (
     LEASE_SPEC_NAMES,
     SPEC_NAMES,
@@ -453,12 +458,12 @@ def test_an_id_cannot_be_rewritten_so_a_finished_row_gets_no_fresh_life(db: Scra
         done_id, _ = db.row_at(app, terminal)
         fresh = db.new_row(app)
         app.commit()
-        before = snapshot_rows(db, app)
+        before = snapshot(db, app)
         for write, params in (("UPDATE {table} SET id = %s WHERE id = %s", (fresh, done_id)),
                               ("UPDATE {table} SET id = id WHERE id = %s", (fresh,)),
                               ("UPDATE {table} SET created_at = now() - interval '1 day' WHERE id = %s", (fresh,))):  # fmt: skip
             assert sqlstate_of(refused(app, db.q(write), params)) == "42501", write
-        assert snapshot_rows(db, app) == before
+        assert snapshot(db, app) == before
 
 
 def test_no_time_is_the_callers_choice(db: Scratch) -> None:
@@ -471,7 +476,7 @@ def test_no_time_is_the_callers_choice(db: Scratch) -> None:
     text_id = m.postgres.id_type == "text"
     with db.connect() as app:
         done_id, version = db.row_at(app, terminal)
-        before = snapshot_rows(db, app)
+        before = snapshot(db, app)
         forged = [
             ("UPDATE {table} SET entered_at = '1970-01-01' WHERE id = %s", (done_id,)),
             ("INSERT INTO {table} (id, entered_at) VALUES ('forged', '-infinity')" if text_id
@@ -492,7 +497,7 @@ def test_no_time_is_the_callers_choice(db: Scratch) -> None:
         for write, params in forged:
             error = refused(app, db.q(write), params)
             assert sqlstate_of(error) in ("42501", sqlstate.BYPASS_WRITE), (write, error)
-        assert snapshot_rows(db, app) == before
+        assert snapshot(db, app) == before
         assert app.execute(db.q("SELECT {purge}('30 days', 1000)")).fetchone() == (0,)
         app.commit()
         assert db.row(app, done_id)[0] == terminal
@@ -622,9 +627,6 @@ def test_a_call_that_waited_behind_a_migration_cannot_write_under_the_old_rules(
     # a job_apply(.., 'retry', ..) queues behind it, its old body already compiled.
     # When the migration commits, that call runs on: it must refuse (40001), not log a
     # third retry that no trigger checks (it runs as the writer).
-    import threading
-    import time
-
     old, new = tm.spec("caps_added"), tm.spec("caps_added", "new")
     db = Scratch.create(pg_dsn, old)
     try:
@@ -698,9 +700,6 @@ def test_a_no_transaction_script_run_outside_a_transaction_changes_nothing(pg_ds
     # `fsmc migrate --no-transaction` run with plain `psql -f` (autocommit, and no
     # ON_ERROR_STOP: psql goes on past errors): it refuses at its first statement, and
     # every later statement fails too, in a session left read-only.
-    import shutil
-    import subprocess
-
     old, new = tm.spec("caps_added"), tm.spec("caps_added", "new")
     db = Scratch.create(pg_dsn, old)
     try:
@@ -716,8 +715,6 @@ def test_a_no_transaction_script_run_outside_a_transaction_changes_nothing(pg_ds
         with db.owner() as owner:
             assert owner.execute("SELECT job_fsmc_digest()").fetchone()[0] != ""  # type: ignore[index]
             digest = owner.execute("SELECT job_fsmc_digest()").fetchone()
-        from fsmc.digest import machine_digest
-
         assert digest == (machine_digest(old),)
         # Inside a transaction (BEGIN sent first, as drivers do), the same script runs.
         ran = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", "BEGIN", "-f", "-",
@@ -728,10 +725,3 @@ def test_a_no_transaction_script_run_outside_a_transaction_changes_nothing(pg_ds
             assert owner.execute("SELECT job_fsmc_digest()").fetchone() == (machine_digest(new),)
     finally:
         db.drop()
-
-
-def snapshot_rows(db: Scratch, conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-    """Every row of both tables, every column, in a stable order."""
-    rows = conn.execute(db.q("SELECT t::text FROM {table} AS t ORDER BY 1")).fetchall()
-    events = conn.execute(db.q("SELECT e::text FROM {events} AS e ORDER BY 1")).fetchall()
-    return [*rows, *events]
