@@ -6,24 +6,27 @@ empty string when both specs build the same schema (the same machine digest:
 formatting, descriptions and order change nothing a database holds). It raises
 `Unsupported` for a pair it will not script (below); the CLI makes that exit 2.
 
-How the script is made: from models, never from SQL text, over finished builds.
+How the script is made: from models, never from SQL text, over finished builds, in
+one direction: three `Build`s -> a plan of typed operations -> SQL.
 `fsmc.targets.postgres.build.build` makes the `Build` of OLD, of mid (OLD's machine
 under NEW's `postgres` names: what the database is once renamed) and of NEW, each
 once; their `Schema`s are the model `fsmc build` renders, so the migration always
-builds what the SQL target builds. First the names: the raw `Names` of OLD's and
-mid's builds are compared field by field, and each name that differs is renamed
-(as a table, constraint or index, whichever OLD's schema has under it). Then the
-steps an older schema format needs (`fsmc.targets.postgres.formats`, from OLD's
-build). Then `plan` compares mid's schema with NEW's: columns added or dropped, defaults, CHECK
-constraints, storage parameters, indexes, views, functions, triggers. Every
-function is replaced (CREATE OR REPLACE keeps its grants and owner; one whose
-result type or parameter names change is dropped first; one whose argument types
-change is another function: NEW's is created, OLD's dropped with the other objects
-NEW lacks) and every view replaced, every trigger dropped and
-created again (a constraint trigger cannot be replaced), not only those whose
-text changed: the result is then NEW's, whichever fsmc version built the
-database's functions. The data rules (the digest guard, states with rows, the
-claim columns, history) come from the machines, through `fsmc.facts`.
+builds what the SQL target builds. `plan` turns them into a tuple of operations
+(`fsmc.targets.postgres.operations`), in the order the script runs them: the guard
+(digests, and the row checks from the machines, through `fsmc.facts`); the steps an
+older schema format needs (`fsmc.targets.postgres.formats`, from OLD's build alone,
+apart from any spec change); the renames (the raw `Names` of OLD's and mid's builds
+compared field by field, each name that differs renamed as a table, constraint or
+index, whichever OLD's schema has under it); then mid's schema compared with NEW's:
+columns added or dropped, defaults, CHECK constraints, storage parameters, indexes,
+views, functions, triggers, with the data steps (counts, claims) where their columns
+exist. Every function is replaced (CREATE OR REPLACE keeps its grants and owner; one
+whose result type or parameter names change is dropped first; one whose argument
+types change is another function: NEW's is created, OLD's dropped with the other
+objects NEW lacks) and every view replaced, every trigger dropped and created again
+(a constraint trigger cannot be replaced), not only those whose text changed: the
+result is then NEW's, whichever fsmc version built the database's functions. Last,
+`script` renders the plan, each operation by its macro in templates/migrate.sql.j2.
 
 What the script does, in one transaction (BEGIN ... COMMIT; `psql -v
 ON_ERROR_STOP=1 -f FILE`, as the schema's owner, search_path set to the schema as
@@ -45,7 +48,9 @@ for the build):
    one, it counts from the event log the rows that have fired that event more
    times than NEW's cap, and refuses, naming the event, the cap, the row count and
    the most firings (the least cap that would keep them).
-3. Expand: renames (tables, and the constraint, index and identity-sequence names
+3. The writer role made or checked; then, in a schema an older fsmc built, what each
+   later format added (`fsmc.targets.postgres.formats`), under OLD's names.
+   Expand: renames (tables, and the constraint, index and identity-sequence names
    derived from them), new columns, defaults, storage parameters, the count
    column of each cap NEW adds filled from each row's history, new or changed
    indexes, and the claim columns of rows whose state gains or loses its lease.
@@ -121,21 +126,56 @@ nothing.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from fsmc import facts
 from fsmc.diff import compare
 from fsmc.diff_render import rows
 from fsmc.digest import machine_digest
-from fsmc.escape import SQL_NAME_MAX, sql_ident, sql_text_array
+from fsmc.escape import SQL_NAME_MAX, sql_ident
 from fsmc.model import Machine
 from fsmc.targets.common import migration_header
 from fsmc.targets.postgres.build import Build, build
-from fsmc.targets.postgres.formats import Upgrades, upgrades
+from fsmc.targets.postgres.formats import upgrade_format
 from fsmc.targets.postgres.install import app_writes, callable_functions
-from fsmc.targets.postgres.model import Function, Index, Schema, Table, Trigger, View
-from fsmc.targets.postgres.names import Names, Quoted, count_column
-from fsmc.templating import as_variables, render
+from fsmc.targets.postgres.model import Schema, Table
+from fsmc.targets.postgres.names import Names, count_column
+from fsmc.targets.postgres.operations import (
+    Begin,
+    CapChange,
+    ClearClaims,
+    Commit,
+    ContractTable,
+    CreateDomains,
+    DropDomains,
+    DropObjects,
+    DropUnreplaceableFunctions,
+    ExpandTable,
+    FillCountColumns,
+    GrantMovers,
+    Guard,
+    NewCheck,
+    Operation,
+    PinFunctions,
+    Plan,
+    PrepareWriterRole,
+    RecordDigest,
+    RecreatedTrigger,
+    RecreateTriggers,
+    RefuseIfPastCaps,
+    RefuseIfRowsIn,
+    RefuseOutsideTransaction,
+    Renames,
+    ReplaceConstraints,
+    ReplaceFunctions,
+    ReplaceIndexes,
+    ReplaceViews,
+    SetLockTimeout,
+    StartHeartbeats,
+    ValidateCheck,
+    ValidateHistoryCheck,
+)
+from fsmc.templating import as_variables, environment
 
 LOCK_TIMEOUT = "5s"
 
@@ -159,10 +199,12 @@ def migrate(
         return ""
     # Each built once: everything below takes these builds, never a machine.
     before, mid, after = build(old), build(mid_machine(old, new)), build(new)
-    refused = traded_names(before, mid)
+    names = renames(before, mid)
+    refused = traded_names(names)
     if refused:
         raise Unsupported("\n".join(refused))
-    return render("migrate.sql.j2", **as_variables(context(before, mid, after, lock_timeout, transaction)))
+    steps = plan(before, mid, after, names, lock_timeout=lock_timeout, transaction=transaction)
+    return script(header(before, after, steps), steps)
 
 
 def refusals(old: Machine, new: Machine) -> list[str]:
@@ -185,10 +227,9 @@ def refusals(old: Machine, new: Machine) -> list[str]:
     return out
 
 
-def traded_names(old: Build, mid: Build) -> list[str]:
+def traded_names(renamed: Renames) -> list[str]:
     """Refused: NEW giving a name OLD used to another object (empty: none)."""
-    renames = Renames.of(old, mid)
-    traded = sorted(set(renames.old_names) & set(renames.new_names))
+    traded = sorted(set(renamed.old_names) & set(renamed.new_names))
     if not traded:
         return []
     return [
@@ -203,71 +244,134 @@ def mid_machine(old: Machine, new: Machine) -> Machine:
     return dataclasses.replace(old, postgres=new.postgres)
 
 
-@dataclass(frozen=True)
-class Renames:
-    """Every name OLD's build gives that mid's gives otherwise (raw: the template
-    quotes them)."""
+# --- the plan ----------------------------------------------------------------------------
 
-    tables: tuple[tuple[str, str], ...]  # (old, new)
-    constraints: tuple[tuple[str, str, str], ...]  # (table as renamed, old, new)
-    indexes: tuple[tuple[str, str], ...]
-    sequences: tuple[tuple[str, str, str], ...]  # (table as renamed, column, new sequence name)
 
-    @property
-    def old_names(self) -> list[str]:
-        return [o for o, _ in self.tables + self.indexes] + [o for _, o, _ in self.constraints]
+def plan(
+    old: Build, mid: Build, new: Build, renamed: Renames,
+    *, lock_timeout: str = LOCK_TIMEOUT, transaction: bool = True,
+) -> Plan:  # fmt: skip
+    """Every operation of the script, in the order it runs them (the module doc says
+    why): from the builds of OLD, mid (OLD under NEW's names) and NEW, and the names
+    `renames` found between OLD's and mid's."""
+    # The digest function is replaced last, apart: it records that the migration is done.
+    digest = next(f for f in new.schema.functions if f.name == new.names.sql.digest)
+    was, now = without_function(mid.schema, digest.name), without_function(new.schema, digest.name)
+    caps = cap_changes(old, new)
+    return (
+        Begin() if transaction else RefuseOutsideTransaction(),
+        SetLockTimeout(lock_timeout),
+        guard(old, new, caps),
+        PrepareWriterRole(new.install.prepare),
+        upgrade_format(old),
+        *([renamed] if renamed else []),
+        *expand(was, now),
+        *data(old, new, caps),
+        *replace(was, now),
+        *contract(was, now),
+        RecordDigest(digest),
+        # CREATE OR REPLACE drops a function's settings: pin every function again.
+        PinFunctions(new.install.finish),
+        grant_movers(new),
+        *([Commit()] if transaction else []),
+    )
 
-    @property
-    def new_names(self) -> list[str]:
-        return (
-            [n for _, n in self.tables + self.indexes]
-            + [n for _, _, n in self.constraints]
-            + [s for _, _, s in self.sequences]
-        )
 
-    def __bool__(self) -> bool:
-        return bool(self.tables or self.constraints or self.indexes or self.sequences)
+def without_function(schema: Schema, name: str) -> Schema:
+    return dataclasses.replace(schema, functions=tuple(f for f in schema.functions if f.name != name))
 
-    @staticmethod
-    def of(old: Build, mid: Build) -> Renames:
-        """`Names` of OLD and of mid, field by field; what each differing name is
-        (a table, a constraint, an index) OLD's schema says, asked by the name as
-        SQL spells it (the model's)."""
-        before, after, schema = old.names, mid.names, old.schema
-        raw_tables = {sql_ident(t): t for t in (before.table, before.events_table, before.purge_tickets)}
-        tables = {t.name: t for t in schema.tables}
-        constraint_of = {c.name: raw_tables[t.name] for t in schema.tables for c in t.constraints}
-        indexes = {i.name for i in schema.indexes}
-        others = {f.name for f in schema.functions} | {g.name for g in schema.triggers}
-        others |= {c.name for t in schema.tables for c in t.columns}
-        changed = [
-            (getattr(before, f.name), getattr(after, f.name))
-            for f in dataclasses.fields(Names)
-            if getattr(before, f.name) != getattr(after, f.name)
-        ]
-        renamed_table = {was: now for was, now in changed if sql_ident(was) in tables}
-        out_constraints: list[tuple[str, str, str]] = []
-        out_indexes: list[tuple[str, str]] = []
-        for was, now in changed:
-            spelled = sql_ident(was)
-            if spelled in constraint_of:
-                table = constraint_of[spelled]
-                out_constraints.append((renamed_table.get(table, table), was, now))
-            elif spelled in indexes:
-                out_indexes.append((was, now))
-            else:
-                # Named after the machine (which does not change), or not built by OLD.
-                assert spelled in tables or spelled not in others, f"fsmc migrate cannot rename {was}"
-        # The identity column is `id`, which SQL spells bare: its model name is its name.
-        sequences = [
-            (now, c.name, identity_sequence(now, c.name))
-            for was, now in renamed_table.items()
-            for c in tables[sql_ident(was)].columns
-            if c.identity
-        ]
-        return Renames(
-            tuple(renamed_table.items()), tuple(out_constraints), tuple(out_indexes), tuple(sequences)
-        )
+
+def guard(old: Build, new: Build, caps: tuple[CapChange, ...]) -> Guard:
+    """Under OLD's names: nothing is renamed yet when it runs."""
+    n = old.names.sql
+    removed = facts.removed_states(old.machine, new.machine)
+    return Guard(
+        machine=str(new.machine.name),
+        digest=f"{n.digest}()",
+        old_digest=machine_digest(old.machine),
+        new_digest=machine_digest(new.machine),
+        table=n.table,
+        events_table=n.events_table,
+        id_column=n.id_column,
+        rows_in=RefuseIfRowsIn(tuple(removed)) if removed else None,
+        past_caps=RefuseIfPastCaps(caps) if caps else None,
+    )
+
+
+def cap_changes(old: Build, new: Build) -> tuple[CapChange, ...]:
+    """NEW's caps that rows may already be past (`facts.tightened_caps`)."""
+    return tuple(
+        CapChange(e, cap, sql_ident(count_column(e)), added)
+        for e, cap, added in facts.tightened_caps(old.machine, new.machine)
+    )
+
+
+def data(old: Build, new: Build, caps: tuple[CapChange, ...]) -> list[Operation]:
+    """What the rows' columns NEW adds or gives new meaning must hold, set once the
+    columns exist (under NEW's names), and before NEW's triggers are."""
+    n = new.names.sql
+    out: list[Operation] = []
+    if filled := tuple(c for c in caps if c.added):
+        out.append(FillCountColumns(n.table, n.events_table, n.id_column, filled))
+    starts, ends = facts.lease_starts_and_ends(old.machine, new.machine)
+    if starts:
+        out.append(StartHeartbeats(str(new.machine.name), n.table, tuple(starts)))
+    if ends:
+        out.append(ClearClaims(n.table, tuple(ends)))
+    return out
+
+
+def grant_movers(new: Build) -> GrantMovers:
+    n = new.names
+    return GrantMovers(
+        apply=next(f for f in new.schema.functions if f.name == n.sql.apply),
+        table=n.sql.table,
+        events_table=n.sql.events_table,
+        functions=tuple(sql_ident(f) for f in callable_functions(new.machine, n)),
+        writes=app_writes(new.machine, n),
+    )
+
+
+# --- the names -----------------------------------------------------------------------------
+
+
+def renames(old: Build, mid: Build) -> Renames:
+    """`Names` of OLD and of mid, field by field; what each differing name is (a table,
+    a constraint, an index) OLD's schema says, asked by the name as SQL spells it (the
+    model's)."""
+    before, after, schema = old.names, mid.names, old.schema
+    raw_tables = {sql_ident(t): t for t in (before.table, before.events_table, before.purge_tickets)}
+    tables = {t.name: t for t in schema.tables}
+    constraint_of = {c.name: raw_tables[t.name] for t in schema.tables for c in t.constraints}
+    indexes = {i.name for i in schema.indexes}
+    others = {f.name for f in schema.functions} | {g.name for g in schema.triggers}
+    others |= {c.name for t in schema.tables for c in t.columns}
+    changed = [
+        (getattr(before, f.name), getattr(after, f.name))
+        for f in dataclasses.fields(Names)
+        if getattr(before, f.name) != getattr(after, f.name)
+    ]
+    renamed_table = {was: now for was, now in changed if sql_ident(was) in tables}
+    out_constraints: list[tuple[str, str, str]] = []
+    out_indexes: list[tuple[str, str]] = []
+    for was, now in changed:
+        spelled = sql_ident(was)
+        if spelled in constraint_of:
+            table = constraint_of[spelled]
+            out_constraints.append((renamed_table.get(table, table), was, now))
+        elif spelled in indexes:
+            out_indexes.append((was, now))
+        else:
+            # Named after the machine (which does not change), or not built by OLD.
+            assert spelled in tables or spelled not in others, f"fsmc migrate cannot rename {was}"
+    # The identity column is `id`, which SQL spells bare: its model name is its name.
+    sequences = [
+        (now, c.name, identity_sequence(now, c.name))
+        for was, now in renamed_table.items()
+        for c in tables[sql_ident(was)].columns
+        if c.identity
+    ]
+    return Renames(tuple(renamed_table.items()), tuple(out_constraints), tuple(out_indexes), tuple(sequences))
 
 
 def identity_sequence(table: str, column: str) -> str:
@@ -284,220 +388,164 @@ def identity_sequence(table: str, column: str) -> str:
     return f"{table[:t]}_{column[:c]}_{label}"
 
 
-# --- the difference of two schemas -----------------------------------------------------
+# --- the difference of two schemas (mid's and NEW's, under the same names) -----------------
+# Tables are the same ones: spec changes never add or drop one.
 
 
-@dataclass(frozen=True)
-class Check:
-    """A CHECK constraint NEW defines differently from the database (or anew)."""
-
-    name: str
-    definition: str
-    expression: str
-    existed: bool
-    history: bool  # on a history table: may stay NOT VALID over old rows
-
-
-@dataclass(frozen=True)
-class TableChanges:
-    name: str
-    add_columns: tuple[str, ...]  # definitions
-    defaults: tuple[tuple[str, str | None], ...]  # (column, new default or None: drop it)
-    set_options: tuple[tuple[str, str], ...]
-    reset_options: tuple[str, ...]
-    checks: tuple[Check, ...]
-    add_constraints: tuple[tuple[str, str], ...]  # non-CHECK constraints NEW adds
-    drop_constraints: tuple[str, ...]
-    drop_columns: tuple[str, ...]
+def expand(mid: Schema, new: Schema) -> list[Operation]:
+    """Columns NEW adds, defaults it changes, storage parameters it sets."""
+    out: list[Operation] = []
+    for was, now in zip(mid.tables, new.tables, strict=True):
+        assert was.name == now.name, (was.name, now.name)
+        options = dict(was.options)
+        step = ExpandTable(
+            table=now.name,
+            columns=tuple(c for c in now.columns if was.column(c.name) is None),
+            defaults=changed_defaults(was, now),
+            options=tuple((k, v) for k, v in now.options if options.get(k) != v),
+        )
+        out.append(step)
+    return [step for step in out if not empty(step)]
 
 
-def table_changes(mid: Table, new: Table) -> TableChanges:
-    assert mid.name == new.name, (mid.name, new.name)
-    defaults: list[tuple[str, str | None]] = []
+def changed_defaults(mid: Table, new: Table) -> tuple[tuple[str, str | None], ...]:
+    """(column, NEW's default or None: dropped) for each column whose default alone
+    changes; any other change of a kept column is a bug of ours (the model doc)."""
+    out: list[tuple[str, str | None]] = []
     for column in new.columns:
         was = mid.column(column.name)
         if was is None or was == column:
             continue
         if dataclasses.replace(was, default=column.default) != column:
             raise AssertionError(f"fsmc migrate cannot change column {was} to {column}")
-        defaults.append((column.name, column.default))
-    mid_constraints = {c.name: c for c in mid.constraints}
-    new_names = {c.name for c in new.constraints}
-    checks: list[Check] = []
-    add_constraints: list[tuple[str, str]] = []
-    for c in new.constraints:
-        had = mid_constraints.get(c.name)
-        if had == c:
-            continue
-        if c.check is not None:
-            checks.append(Check(c.name, c.definition, c.check, had is not None, new.history))
-        else:
-            assert had is None, f"fsmc migrate cannot change constraint {c.name}: {had}"
-            add_constraints.append((c.name, c.definition))
-    mid_options, new_options = dict(mid.options), dict(new.options)
-    return TableChanges(
-        name=new.name,
-        add_columns=tuple(c.definition for c in new.columns if mid.column(c.name) is None),
-        defaults=tuple(defaults),
-        set_options=tuple((k, v) for k, v in new.options if mid_options.get(k) != v),
-        reset_options=tuple(k for k, _ in mid.options if k not in new_options),
-        checks=tuple(checks),
-        add_constraints=tuple(add_constraints),
-        drop_constraints=tuple(c.name for c in mid.constraints if c.name not in new_names),
-        drop_columns=tuple(c.name for c in mid.columns if new.column(c.name) is None),
+        out.append((column.name, column.default))
+    return tuple(out)
+
+
+def replace(mid: Schema, new: Schema) -> list[Operation]:
+    """Every object NEW defines, made NEW's whatever the database holds: indexes and
+    domains NEW adds, every function, CHECKs that change (NOT VALID, then validated),
+    every view and trigger."""
+    mid_indexes, new_indexes = {i.name: i for i in mid.indexes}, {i.name: i for i in new.indexes}
+    mid_views, new_views = {v.name: v for v in mid.views}, {v.name: v for v in new.views}
+    mid_functions = {f.key: f for f in mid.functions}
+    mid_triggers = {g.key for g in mid.triggers}
+    out: list[Operation] = [
+        ReplaceIndexes(
+            dropped=tuple(i for i, x in mid_indexes.items() if new_indexes.get(i, x) != x),
+            created=tuple(x for i, x in new_indexes.items() if mid_indexes.get(i) != x),
+        ),
+        CreateDomains(tuple(d for d in new.domains if d not in mid.domains)),
+        DropUnreplaceableFunctions(tuple(
+            f.key for f in new.functions
+            if f.key in mid_functions and not mid_functions[f.key].replaceable_by(f)
+        )),  # fmt: skip
+        ReplaceFunctions(new.functions),
+        *(constraints(was, now) for was, now in zip(mid.tables, new.tables, strict=True)),
+        ReplaceViews(tuple(v for v, x in mid_views.items() if new_views.get(v, x) != x), new.views),
+        RecreateTriggers(tuple(RecreatedTrigger(g, g.key in mid_triggers) for g in new.triggers)),
+    ]
+    for step in [s for s in out if isinstance(s, ReplaceConstraints)]:
+        out += [
+            ValidateHistoryCheck(step.table, c.constraint) if history(new, step.table)
+            else ValidateCheck(step.table, c.constraint.name)
+            for c in step.checks
+        ]  # fmt: skip
+    return [step for step in out if not empty(step)]
+
+
+def constraints(mid: Table, new: Table) -> ReplaceConstraints:
+    had = {c.name: c for c in mid.constraints}
+    changed = [c for c in new.constraints if had.get(c.name) != c]
+    for c in changed:
+        assert c.check is not None or c.name not in had, f"fsmc migrate cannot change constraint {c.name}: {had[c.name]}"
+    return ReplaceConstraints(
+        table=new.name,
+        checks=tuple(NewCheck(c, c.name in had) for c in changed if c.check is not None),
+        added=tuple(c for c in changed if c.check is None),
     )
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What turns a database holding `mid` into one holding `new` (both `Schema`s,
-    under the same names): the difference, object by object."""
-
-    tables: list[TableChanges]
-    drop_indexes_first: list[str]  # an index NEW defines otherwise: dropped, built again
-    create_indexes: list[str]  # CREATE INDEX statements
-    drop_views_first: list[str]  # a view NEW defines otherwise (its columns may change)
-    views: list[str]  # CREATE OR REPLACE VIEW, for every view of NEW
-    create_domains: list[str]  # CREATE DOMAIN, for each domain of NEW the database lacks
-    drop_domains: list[str]  # names: mid's domains NEW lacks, once no CHECK casts to them
-    drop_functions_first: list[str]  # signatures CREATE OR REPLACE cannot turn into NEW's
-    functions: list[str]  # CREATE OR REPLACE FUNCTION, for every function of NEW
-    triggers: list[tuple[str, str, str, bool]]  # (name, table, CREATE TRIGGER, existed)
-    drop_triggers: list[tuple[str, str]]  # (name, table)
-    drop_functions: list[str]  # signatures
-    drop_views: list[str]
-    drop_indexes: list[str]
+def history(schema: Schema, table: str) -> bool:
+    """Whether `table` is append-only history: a CHECK old rows break stays NOT VALID."""
+    return schema.table(table).history
 
 
-def plan(mid: Schema, new: Schema) -> Plan:
-    """Every object of `new` that `mid` lacks or defines otherwise, and every object of
-    `mid` that `new` lacks (tables are the same ones: spec changes never add or drop one)."""
-    assert [t.name for t in mid.tables] == [t.name for t in new.tables]
-    mid_indexes: dict[str, Index] = {i.name: i for i in mid.indexes}
-    new_indexes: dict[str, Index] = {i.name: i for i in new.indexes}
-    mid_views: dict[str, View] = {v.name: v for v in mid.views}
-    new_views: dict[str, View] = {v.name: v for v in new.views}
-    mid_functions: dict[str, Function] = {f.key: f for f in mid.functions}
-    new_functions: dict[str, Function] = {f.key: f for f in new.functions}
-    mid_triggers: dict[tuple[str, str], Trigger] = {g.key: g for g in mid.triggers}
-    new_triggers: dict[tuple[str, str], Trigger] = {g.key: g for g in new.triggers}
-    return Plan(
-        tables=[table_changes(m, n) for m, n in zip(mid.tables, new.tables, strict=True)],
-        drop_indexes_first=[i for i, x in mid_indexes.items() if new_indexes.get(i, x) != x],
-        create_indexes=[x.create() for i, x in new_indexes.items() if mid_indexes.get(i) != x],
-        drop_views_first=[v for v, x in mid_views.items() if new_views.get(v, x) != x],
-        views=[x.create(or_replace=True) for x in new_views.values()],
-        create_domains=[d.create() for d in new.domains if d not in mid.domains],
-        drop_domains=[d.name for d in mid.domains if d not in new.domains],
-        drop_functions_first=[
-            k for k, f in mid_functions.items() if k in new_functions and not f.replaceable_by(new_functions[k])
-        ],
-        functions=[f.create(or_replace=True) for f in new_functions.values()],
-        triggers=[(g.name, g.table, g.create(), k in mid_triggers) for k, g in new_triggers.items()],
-        drop_triggers=[(g.name, g.table) for k, g in mid_triggers.items() if k not in new_triggers],
-        drop_functions=[k for k in mid_functions if k not in new_functions],
-        drop_views=[v for v in mid_views if v not in new_views],
-        drop_indexes=[i for i in mid_indexes if i not in new_indexes],
-    )
+def contract(mid: Schema, new: Schema) -> list[Operation]:
+    """What NEW lacks, dropped once nothing of NEW's needs it: triggers, functions,
+    views, indexes; then constraints, columns and storage parameters; then domains
+    (once no CHECK casts to them)."""
+    new_functions, new_triggers = {f.key for f in new.functions}, {g.key for g in new.triggers}
+    new_views, new_indexes = {v.name for v in new.views}, {i.name for i in new.indexes}
+    out: list[Operation] = [
+        DropObjects(
+            triggers=tuple((g.name, g.table) for g in mid.triggers if g.key not in new_triggers),
+            functions=tuple(f.key for f in mid.functions if f.key not in new_functions),
+            views=tuple(v.name for v in mid.views if v.name not in new_views),
+            indexes=tuple(i.name for i in mid.indexes if i.name not in new_indexes),
+        )
+    ]
+    for was, now in zip(mid.tables, new.tables, strict=True):
+        kept, options = {c.name for c in now.constraints}, dict(now.options)
+        out.append(ContractTable(
+            table=now.name,
+            constraints=tuple(c.name for c in was.constraints if c.name not in kept),
+            columns=tuple(c.name for c in was.columns if now.column(c.name) is None),
+            options=tuple(k for k, _ in was.options if k not in options),
+        ))  # fmt: skip
+    out.append(DropDomains(tuple(d.name for d in mid.domains if d not in new.domains)))
+    return [step for step in out if not empty(step)]
 
 
-# --- the script's context --------------------------------------------------------------
+def empty(step: Operation) -> bool:
+    """An operation of the schema's difference with nothing to do (every field that
+    lists objects is empty): the plan leaves it out."""
+    listed = [v for f in dataclasses.fields(step) if isinstance(v := getattr(step, f.name), tuple)]
+    return bool(listed) and not any(listed)
 
 
-@dataclass(frozen=True)
+# --- the script ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
 class MigrateContext:
-    """What templates/migrate.sql.j2 fills in (its fields are its variables)."""
+    """What templates/migrate.sql.j2's header fills in (its fields are its variables);
+    the plan's operations are its macros' arguments."""
 
     transaction: bool  # BEGIN ... COMMIT around the script (not with --no-transaction)
     machine: str
     header: str
-    old_digest: str
-    new_digest: str
     changes: list[str]  # fsmc diff's rows, as the script's header lists them
     lock_timeout: str
-    old: Quoted  # OLD's names, as SQL spells them
-    n: Quoted  # NEW's
-    digest_signature: str
-    format_signature: str
-    formats: Upgrades  # what older schema formats lack, under OLD's names
-    writer_functions: str  # the SECURITY DEFINER functions NEW has, comma-separated
-    app_writes: tuple[str, str]  # the application's column privileges on NEW's two tables
-    apply_signature: str  # NEW's `_apply`, as regprocedure reads it
-    digest_query: str
-    removed_states: str | None  # a text[] literal
-    caps: list[CapChange]  # caps rows may already be past (added or lowered), NEW's event order
-    capped_events: str | None  # their events, a text[] literal
-    filled: list[CapChange]  # the added ones: their count columns are filled from history
-    filled_events: str | None  # their events, a text[] literal
-    renames: Renames
-    lease_start: str | None  # a text[] literal
-    lease_end: str | None  # a text[] literal
-    plan: Plan
-    digest_function: str  # NEW's digest function, replaced last
-    prepare: str  # the writer role made or checked, before triggers are created
-    pin: str
+    refuses_caps: bool  # whether NEW adds or lowers a cap (the guard then counts firings)
 
 
-@dataclass(frozen=True)
-class CapChange:
-    """A cap of NEW that rows may already be past: the guard counts them from history."""
-
-    event: str
-    cap: int
-    column: str  # its count column, as SQL spells it
-    added: bool  # OLD has no such cap: the column is added, then filled from history
-
-
-def context(old: Build, mid: Build, new: Build, lock_timeout: str, transaction: bool = True) -> MigrateContext:
-    """The script's context from the builds of OLD, mid (OLD under NEW's names) and NEW."""
-    n = new.names.sql
-    # The digest function is replaced last: it records that the migration is done.
-    digest = next(f for f in new.schema.functions if f.name == n.digest)
-    changes_to = dataclasses.replace(
-        new.schema, functions=tuple(f for f in new.schema.functions if f is not digest)
-    )
-    changes_from = dataclasses.replace(
-        mid.schema, functions=tuple(f for f in mid.schema.functions if f.name != n.digest)
-    )
-    lease_start, lease_end = facts.lease_starts_and_ends(old.machine, new.machine)
-    removed_states = facts.removed_states(old.machine, new.machine)
-    caps = [
-        CapChange(e, cap, sql_ident(count_column(e)), added)
-        for e, cap, added in facts.tightened_caps(old.machine, new.machine)
-    ]
-    filled = [c for c in caps if c.added]
+def header(old: Build, new: Build, steps: Plan) -> MigrateContext:
+    """What the header says of the script: the changes of the specs, and what `steps`,
+    its plan, refuses and waits for."""
+    refusal = next(s for s in steps if isinstance(s, Guard))
+    timeout = next(s for s in steps if isinstance(s, SetLockTimeout))
     changes = []
     for r in rows(compare(old.machine, new.machine)):
         line = f"{r.mark} {r.kind} {r.subject}" + (f" ({r.note})" if r.note else "")
         changes.append(line + ("  BREAKING" if r.breaking else ""))
     return MigrateContext(
-        transaction=transaction,
+        transaction=isinstance(steps[0], Begin),
         machine=str(new.machine.name),
         header=migration_header(old.machine, new.machine),
-        old_digest=machine_digest(old.machine),
-        new_digest=machine_digest(new.machine),
         changes=changes,
-        lock_timeout=lock_timeout,
-        old=old.names.sql,
-        n=n,
-        digest_signature=f"{n.digest}()",
-        format_signature=f"{n.format}()",
-        formats=upgrades(old),
-        apply_signature=next(f.key for f in new.schema.functions if f.name == n.apply),
-        writer_functions=", ".join(sql_ident(f) for f in callable_functions(new.machine, new.names)),
-        app_writes=app_writes(new.machine, new.names),
-        digest_query=f"SELECT {n.digest}()",
-        removed_states=sql_text_array(removed_states) if removed_states else None,
-        caps=caps,
-        capped_events=sql_text_array(c.event for c in caps) if caps else None,
-        filled=filled,
-        filled_events=sql_text_array(c.event for c in filled) if filled else None,
-        renames=Renames.of(old, mid),
-        lease_start=sql_text_array(lease_start) if lease_start else None,
-        lease_end=sql_text_array(lease_end) if lease_end else None,
-        plan=plan(changes_from, changes_to),
-        digest_function=digest.create(or_replace=True),
-        # CREATE OR REPLACE drops a function's settings: pin every function again.
-        prepare=new.install.prepare,
-        pin=new.install.finish,
+        lock_timeout=timeout.timeout,
+        refuses_caps=refusal.past_caps is not None,
     )
+
+
+def script(context: MigrateContext, steps: Sequence[Operation]) -> str:
+    """The script's text: the header, then each operation rendered by the macro of
+    templates/migrate.sql.j2 named after its class."""
+    macros = environment().get_template("migrate.sql.j2").make_module(vars=as_variables(context))
+    return str(macros) + "".join(str(getattr(macros, macro_name(type(step)))(step)) for step in steps)
+
+
+def macro_name(kind: type) -> str:
+    """`SetLockTimeout` -> `set_lock_timeout`."""
+    return "".join("_" + c.lower() if c.isupper() else c for c in kind.__name__).lstrip("_")

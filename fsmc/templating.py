@@ -100,6 +100,7 @@ def environment() -> jinja2.Environment:
         sql_str=escape.sql_str,
         sql_ident=escape.sql_ident,
         sql_comment=escape.sql_comment,
+        sql_text_array=escape.sql_text_array,
         mermaid_comment=escape.mermaid_comment,
         md=escape.md_text,
         html_comment=escape.html_comment,

@@ -1,7 +1,7 @@
 """What the migration tests share (tests/test_migrate.py, tests/test_migrate_format.py):
-the cases' specs, scratch installations built from them and migrated, running a
-script as the owner with psql, filling a database with history, and reading back its
-catalog and its data.
+the cases' specs and the plans `fsmc migrate` makes for them, scratch installations
+built from them and migrated, running a script as the owner with psql, filling a
+database with history, and reading back its catalog and its data.
 
 Contract 4.2's checks are tests/test_postgres.py's own tests, run here on a migrated
 database (BEHAVIOURS): the one import of a test module left in the suite, until those
@@ -23,8 +23,11 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from fsmc.migrate import mid_machine, plan, renames
 from fsmc.model import Machine
+from fsmc.targets.postgres.build import build
 from fsmc.targets.postgres.names import Names
+from fsmc.targets.postgres.operations import Plan
 from tests import test_postgres as tp
 from tests.pg_scratch import Scratch, machine_from_text, shortest_walk, states_reachable, writer_of
 
@@ -34,6 +37,13 @@ CASES = Path(__file__).resolve().parent / "migrate_cases"
 def spec(case: str, name: str = "old") -> Machine:
     path = CASES / case / f"{name}.yaml"
     return machine_from_text(path.read_text(encoding="utf-8"), f"tests/migrate_cases/{case}/{name}.yaml")
+
+
+def plan_of(case: str, *, transaction: bool = True) -> Plan:
+    """The plan `fsmc migrate` makes for a case, over the three builds it makes."""
+    old, new = spec(case, "old"), spec(case, "new")
+    before, mid = build(old), build(mid_machine(old, new))
+    return plan(before, mid, build(new), renames(before, mid), transaction=transaction)
 
 
 @contextmanager

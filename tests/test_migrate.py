@@ -26,16 +26,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import inspect
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+import typing
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import jinja2.nodes
 import psycopg
 import pytest
 
@@ -44,17 +48,57 @@ from fsmc.digest import machine_digest
 from fsmc.escape import sql_ident
 from fsmc.migrate import (
     LOCK_TIMEOUT,
-    Renames,
     Unsupported,
+    contract,
+    expand,
     identity_sequence,
+    macro_name,
     mid_machine,
     migrate,
-    plan,
+    renames,
+    replace,
 )
 from fsmc.model import Machine
+from fsmc.targets.postgres import operations
 from fsmc.targets.postgres.build import build
+from fsmc.targets.postgres.formats import UpgradeFormat
 from fsmc.targets.postgres.model import Column, Parameter, Schema, View
 from fsmc.targets.postgres.names import Names
+from fsmc.targets.postgres.operations import (
+    Begin,
+    CapChange,
+    ClearClaims,
+    Commit,
+    ContractTable,
+    CreateDomains,
+    DropDomains,
+    DropObjects,
+    DropUnreplaceableFunctions,
+    ExpandTable,
+    FillCountColumns,
+    GrantMovers,
+    Guard,
+    NewCheck,
+    Operation,
+    PinFunctions,
+    PrepareWriterRole,
+    RecordDigest,
+    RecreatedTrigger,
+    RecreateTriggers,
+    RefuseIfPastCaps,
+    RefuseIfRowsIn,
+    RefuseOutsideTransaction,
+    Renames,
+    ReplaceConstraints,
+    ReplaceFunctions,
+    ReplaceIndexes,
+    ReplaceViews,
+    SetLockTimeout,
+    StartHeartbeats,
+    ValidateCheck,
+    ValidateHistoryCheck,
+)
+from fsmc.templating import environment
 from tests import harness
 from tests.migrating import (
     CASES,
@@ -69,6 +113,7 @@ from tests.migrating import (
     fill,
     migrate_ok,
     migrated,
+    plan_of,
     psql,
     refused,
     refused_changing_nothing,
@@ -729,11 +774,20 @@ def test_the_catalog_holds_the_model_of_old_then_after_the_script_the_model_of_n
         migrate_ok(db, migrate(old, new))
         assert_holds(db, new_model)
         # What the plan renamed is gone under its old name and there under its new one.
-        renames = Renames.of(old_build, build(mid_machine(old, new)))
+        renamed = renames(old_build, build(mid_machine(old, new)))
         names = {r[1] for rows in database_objects(db).values() for r in rows if len(r) > 1}
         names |= {r[0] for r in database_objects(db)["tables"]}
-        assert not set(renames.old_names) & names
-        assert set(renames.new_names) <= names | {s for _, _, s in renames.sequences}
+        assert not set(renamed.old_names) & names
+        assert set(renamed.new_names) <= names | {s for _, _, s in renamed.sequences}
+
+
+T = typing.TypeVar("T")
+
+
+def the(kind: type[T], steps: Iterable[Operation]) -> T:
+    """The one operation of `kind` among `steps`."""
+    [found] = [s for s in steps if isinstance(s, kind)]
+    return found
 
 
 def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> None:
@@ -743,12 +797,12 @@ def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> Non
     mid = build(spec("added_state", "old")).schema
     n = Names.of(spec("added_state", "old")).sql
     apply = next(f for f in mid.functions if f.name == n.apply)
-    digest = next(f for f in mid.functions if f.name == n.digest)
+    claim = next(f for f in mid.functions if f.name == n.claim)
     jobs = mid.tables[0]
     view = View("job_intervals", "SELECT id FROM jobs")
     mid = dataclasses.replace(mid, views=(view, View("job_old_view", "SELECT 1 AS one")))
     new_apply = dataclasses.replace(apply, parameters=(*apply.parameters, Parameter("note", "text", "NULL")))
-    new_digest = dataclasses.replace(digest, returns="varchar")
+    new_claim = dataclasses.replace(claim, returns="SETOF jobs")
     new_jobs = dataclasses.replace(jobs, columns=(
         *(dataclasses.replace(c, default="'claimed'") if c.name == "state" else c for c in jobs.columns),
         Column("deadline_at", "timestamptz", not_null=True, default="pg_catalog.now()")))  # fmt: skip
@@ -756,62 +810,121 @@ def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> Non
         mid,
         tables=(new_jobs, *mid.tables[1:]),
         views=(dataclasses.replace(view, query="SELECT id, state FROM jobs"),),
-        functions=tuple(new_apply if f is apply else new_digest if f is digest else f
+        functions=tuple(new_apply if f is apply else new_claim if f is claim else f
                         for f in mid.functions if f.name != n.guard_insert),  # fmt: skip
     )
-    p = plan(mid, new)
-    assert p.tables[0].add_columns == ("deadline_at timestamptz NOT NULL DEFAULT pg_catalog.now()",)
-    assert p.tables[0].defaults == (("state", "'claimed'"),)
-    assert p.tables[1] == plan(mid, mid).tables[1]  # the event log: nothing
-    assert p.drop_views_first == ["job_intervals"] and p.drop_views == ["job_old_view"]
-    assert p.views == ["CREATE OR REPLACE VIEW job_intervals AS\nSELECT id, state FROM jobs;"]
-    assert p.drop_functions_first == ["job_fsmc_digest()"]  # CREATE OR REPLACE cannot change a result type
-    assert p.drop_functions == ["job_apply(uuid, text, bigint, text, jsonb, text)", "job_guard_insert()"]
-    assert any(f.startswith("CREATE OR REPLACE FUNCTION job_apply(") and "note text DEFAULT NULL" in f
-               for f in p.functions)  # fmt: skip
-    assert plan(mid, mid).drop_functions_first == plan(mid, mid).drop_functions == []
+    [expanded] = expand(mid, new)  # the event log: nothing
+    assert expanded == ExpandTable(
+        "jobs", (Column("deadline_at", "timestamptz", not_null=True, default="pg_catalog.now()"),),
+        (("state", "'claimed'"),), ())  # fmt: skip
+    replaced = replace(mid, new)
+    assert the(ReplaceViews, replaced) == ReplaceViews(("job_intervals",), new.views)
+    assert the(ReplaceViews, replaced).statements == ("CREATE OR REPLACE VIEW job_intervals AS\nSELECT id, state FROM jobs;",)
+    # CREATE OR REPLACE cannot change a result type; a new parameter makes another function.
+    assert the(DropUnreplaceableFunctions, replaced) == DropUnreplaceableFunctions((new_claim.key,))
+    assert the(ReplaceFunctions, replaced) == ReplaceFunctions(new.functions)
+    assert contract(mid, new) == [DropObjects(
+        triggers=(), functions=("job_apply(uuid, text, bigint, text, jsonb, text)", "job_guard_insert()"),
+        views=("job_old_view",), indexes=())]  # fmt: skip
+    unchanged = replace(mid, mid)
+    assert expand(mid, mid) == contract(mid, mid) == []
+    assert [type(s) for s in unchanged] == [ReplaceFunctions, ReplaceViews, RecreateTriggers]
+    assert all(t.existed for t in the(RecreateTriggers, unchanged).triggers)
     retyped = dataclasses.replace(mid, tables=(dataclasses.replace(jobs, columns=tuple(
         dataclasses.replace(c, type="varchar") if c.name == "state" else c for c in jobs.columns)), *mid.tables[1:]))  # fmt: skip
     with pytest.raises(AssertionError, match="cannot change column"):
-        plan(mid, retyped)
+        expand(mid, retyped)
 
 
-# --- the script -----------------------------------------------------------------------------
+# --- the plan: what the script does, in what order ------------------------------------------
+
+# The order the module docstring gives (operations of one rank may alternate).
+ORDER: list[tuple[type, ...]] = [
+    (Begin, RefuseOutsideTransaction), (SetLockTimeout,), (Guard,), (PrepareWriterRole,), (UpgradeFormat,),
+    (Renames,), (ExpandTable,), (FillCountColumns,), (StartHeartbeats,), (ClearClaims,), (ReplaceIndexes,),
+    (CreateDomains,), (DropUnreplaceableFunctions,), (ReplaceFunctions,), (ReplaceConstraints,),
+    (ReplaceViews,), (RecreateTriggers,), (ValidateCheck, ValidateHistoryCheck), (DropObjects,),
+    (ContractTable,), (DropDomains,), (RecordDigest,), (PinFunctions,), (GrantMovers,), (Commit,),
+]  # fmt: skip
 
 
-# What the script does, in the order the module docstring gives: the first statement
-# of each kind (at the start of a line: function bodies are indented) comes after the
-# previous kind's, in every case that has both.
-ORDER = [r"BEGIN;", r"SET LOCAL lock_timeout", r"DO \$fsmc\$\nDECLARE", r"    LOCK TABLE",
-         r"ALTER TABLE \S+ RENAME TO", r"ALTER TABLE \S+ ADD COLUMN", r"ALTER TABLE .* SET DEFAULT",
-         r"ALTER TABLE \S+ SET \(", r"UPDATE ", r"CREATE INDEX",
-         r"CREATE OR REPLACE FUNCTION", r"ALTER TABLE .* NOT VALID;$", r"CREATE (CONSTRAINT )?TRIGGER",
-         r"(    )?ALTER TABLE \S+ VALIDATE CONSTRAINT", r"DROP FUNCTION", r"ALTER TABLE \S+ DROP COLUMN",
-         r"ALTER TABLE \S+ RESET \(", r"CREATE OR REPLACE FUNCTION \S+_fsmc_digest\(\)", r"COMMIT;"]  # fmt: skip
-
-
-def first(pattern: str, script: str) -> int | None:
-    found = re.search("^" + pattern, script, re.MULTILINE)
-    return None if found is None else found.start()
+def rank(step: Operation) -> int:
+    return next(i for i, kinds in enumerate(ORDER) if isinstance(step, kinds))
 
 
 @pytest.mark.parametrize("case", MIGRATING)
-def test_the_script_is_one_transaction_that_expands_before_it_contracts(case: str) -> None:
+def test_the_plan_guards_expands_then_contracts_and_records_new_last(case: str) -> None:
+    steps = plan_of(case)
+    assert [rank(s) for s in steps] == sorted(rank(s) for s in steps), [type(s).__name__ for s in steps]
+    assert isinstance(steps[0], Begin) and isinstance(steps[-1], Commit)
+    assert sum(isinstance(s, Guard) for s in steps) == 1
+    # Every CHECK added NOT VALID is validated once NEW's triggers are in place; the
+    # event log's (history) where its history allows, the table's outright.
+    added = [(s.table, c.constraint.name) for s in steps if isinstance(s, ReplaceConstraints) for c in s.checks]
+    validated = [(s.table, s.name) if isinstance(s, ValidateCheck) else (s.table, s.constraint.name)
+                 for s in steps if isinstance(s, ValidateCheck | ValidateHistoryCheck)]  # fmt: skip
+    assert validated == added
+    events = Names.of(spec(case, "new")).sql.events_table
+    assert all((s.table == events) == isinstance(s, ValidateHistoryCheck)
+               for s in steps if isinstance(s, ValidateCheck | ValidateHistoryCheck))  # fmt: skip
+    # A CHECK casts to a domain created before it; a domain is dropped after the CHECKs
+    # stop casting to it, and never one a CHECK of NEW casts to.
+    created = [d.name for s in steps if isinstance(s, CreateDomains) for d in s.domains]
+    casting = " ".join(c.constraint.definition for s in steps if isinstance(s, ReplaceConstraints) for c in s.checks)
+    assert all(name in casting for name in created)
+    dropped = [n for s in steps if isinstance(s, DropDomains) for n in s.names]
+    assert not any(name in casting for name in dropped)
+    # The count columns filled are the ones just added.
+    columns = {c.name for s in steps if isinstance(s, ExpandTable) for c in s.columns}
+    assert {c.column for s in steps if isinstance(s, FillCountColumns) for c in s.caps} <= columns
+    # The digest function is NEW's only after every other function is.
+    digest = the(RecordDigest, steps)
+    assert all(f.name != digest.function.name for s in steps if isinstance(s, ReplaceFunctions) for f in s.functions)
+
+
+@pytest.mark.parametrize("case", MIGRATING)
+def test_the_script_is_one_transaction_with_nothing_but_comments_before_it(case: str) -> None:
     script = migrate(spec(case, "old"), spec(case, "new"))
     assert len(re.findall(r"^(BEGIN|COMMIT);$", script, re.MULTILINE)) == 2
-    assert first("BEGIN;", script) == first(r"[^-\n]", script)  # nothing runs before it
+    head, _, _ = script.partition("\nBEGIN;\n")
+    assert all(line.startswith("--") for line in head.splitlines() if line), head
     assert script.endswith("\nCOMMIT;\n")
-    found = [(p, at) for p in ORDER if (at := first(p, script)) is not None]
-    assert [at for _, at in found] == sorted(at for _, at in found), [p for p, _ in found]
-    assert re.search(r"CREATE OR REPLACE FUNCTION", script[first(ORDER[-2], script) + 1 :]) is None  # type: ignore[operator]
+
+
+def test_without_its_own_transaction_the_plan_refuses_to_run_outside_one() -> None:
+    steps = plan_of("added_state", transaction=False)
+    assert isinstance(steps[0], RefuseOutsideTransaction) and not any(isinstance(s, Begin | Commit) for s in steps)
+    assert plan_of("added_state")[1:-1] == steps[1:]
+
+
+def test_every_operation_renders_by_the_macro_named_after_it() -> None:
+    env = environment()
+    source, _, _ = env.loader.get_source(env, "migrate.sql.j2")  # type: ignore[union-attr]
+    macros = {m.name for m in env.parse(source).find_all(jinja2.nodes.Macro) if not m.name.startswith("_")}
+    kinds = {*typing.get_args(Operation), RefuseIfRowsIn, RefuseIfPastCaps}  # the guard's parts
+    assert {macro_name(k) for k in kinds} == macros
+    # Every record of the operations module is an operation or a part of one (the
+    # format's steps are fsmc.targets.postgres.formats').
+    defined = {k for _, k in inspect.getmembers(operations, inspect.isclass) if k.__module__ == operations.__name__}
+    assert defined == kinds - {UpgradeFormat} | {CapChange, NewCheck, RecreatedTrigger}
 
 
 def test_every_step_of_the_script_is_exercised_by_some_case() -> None:
-    scripts = "\n".join(migrate(spec(case, "old"), spec(case, "new")) for case in MIGRATING)
-    for pattern in ORDER + [r"    EXECUTE pg_catalog\.format\('ALTER SEQUENCE", r"ALTER TABLE \S+ RENAME CONSTRAINT",
-                            r"ALTER INDEX \S+ RENAME", r"DROP INDEX", r"DROP TRIGGER", r"ALTER TABLE \S+ SET \(fillfactor",
-                            r"    RAISE NOTICE .*stays NOT VALID"]:  # fmt: skip
-        assert first(pattern, scripts) is not None, pattern
+    steps = [s for case in MIGRATING for t in (True, False) for s in plan_of(case, transaction=t)]
+    # Functions CREATE OR REPLACE cannot change: no spec change makes one yet (the test above).
+    assert {type(s) for s in steps} == set(typing.get_args(Operation)) - {DropUnreplaceableFunctions}
+
+    def some(kind: type[Operation], has: Callable[[Any], object]) -> bool:
+        return any(isinstance(s, kind) and has(s) for s in steps)
+
+    assert some(Guard, lambda g: g.rows_in) and some(Guard, lambda g: g.past_caps)
+    assert some(Renames, lambda r: r.constraints) and some(Renames, lambda r: r.indexes) and some(Renames, lambda r: r.sequences)
+    assert some(ExpandTable, lambda t: t.defaults) and some(ExpandTable, lambda t: ("fillfactor", "90") in t.options)
+    assert some(ReplaceIndexes, lambda i: i.dropped) and some(RecreateTriggers, lambda g: g.triggers)
+    assert some(ReplaceConstraints, lambda c: any(not k.replaces for k in c.checks))
+    assert some(DropObjects, lambda d: d.functions) and some(DropObjects, lambda d: d.indexes)
+    for field in ("constraints", "columns", "options"):
+        assert some(ContractTable, lambda t: getattr(t, field)), field  # noqa: B023 (called here)
 
 
 @pytest.mark.slow
