@@ -24,8 +24,16 @@ from psycopg import sql
 
 from fsmc.migrate import migrate
 from fsmc.model import Machine
-from fsmc.targets.postgres.formats import SCHEMA_FORMAT
+from fsmc.targets.postgres.build import build
+from fsmc.targets.postgres.formats import SCHEMA_FORMAT, UpgradeFormat, upgrade_format
 from fsmc.targets.postgres.names import Names
+from fsmc.targets.postgres.operations import (
+    Begin,
+    Guard,
+    PrepareWriterRole,
+    Renames,
+    SetLockTimeout,
+)
 from tests.conftest import ROOT
 from tests.migrating import (
     CATALOG,
@@ -35,6 +43,7 @@ from tests.migrating import (
     data,
     migrate_ok,
     migrated,
+    plan_of,
     refused_changing_nothing,
     spec,
 )
@@ -52,6 +61,18 @@ def without_column_order(objects: dict[str, list[tuple[Any, ...]]]) -> dict[str,
     out = dict(objects)
     out["columns"] = sorted(((r[0],) + r[2:] for r in objects["columns"]), key=repr)
     return out
+
+
+@pytest.mark.parametrize("case", ["added_state", "renamed_tables", "caps_added"])
+def test_the_format_steps_are_the_first_change_and_come_from_old_alone(case: str) -> None:
+    # Apart from the specs' difference: what older formats lack is OLD's build, under
+    # OLD's names, whatever NEW asks; it runs before the renames and every other change.
+    steps = plan_of(case)
+    changes = [s for s in steps if not isinstance(s, Begin | SetLockTimeout | Guard | PrepareWriterRole)]
+    first = changes[0]
+    assert isinstance(first, UpgradeFormat) and first == upgrade_format(build(spec(case)))
+    assert first.table == "jobs"
+    assert isinstance(changes[1], Renames) == (case == "renamed_tables")
 
 
 def test_a_format_1_database_is_brought_to_the_current_format_by_the_migration(pg_dsn: str) -> None:
