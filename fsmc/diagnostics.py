@@ -56,13 +56,16 @@ UNKNOWN_EVENT = Code("unknown-event", "error", "a reference names an undeclared 
 DUPLICATE_TRANSITION = Code(
     "duplicate-transition", "error", "the same (from, event) pair is declared twice"
 )
-UNREACHABLE_STATE = Code("unreachable-state", "error", "a state cannot be reached from `initial`")
+UNREACHABLE_STATE = Code("unreachable-state", "error", "a state cannot be reached from an initial state")
 TERMINAL_EXIT = Code("terminal-exit", "error", "a terminal state has an outgoing transition")
 DEAD_END = Code("dead-end", "error", "a non-terminal state has no outgoing transition")
 TRAP = Code("trap", "error", "from a non-terminal state no terminal state can be reached")
 LEASE_RECLAIM = Code("lease-reclaim", "error", "a lease state has no transition on the reclaim event")
 CAP_TRAP = Code(
     "cap-trap", "error", "every way out of a non-terminal state is a capped event"
+)
+UNCAPPED_BUDGET = Code(
+    "uncapped-budget", "error", "an `otherwise`, a `spent` or a `reset` relies on an event that is not capped"
 )
 UNUSED_EVENT = Code("unused-event", "warning", "a declared event is used by no transition")
 
@@ -72,7 +75,7 @@ CODES: dict[str, Code] = {
     for c in (
         YAML_SYNTAX, DUPLICATE_KEY, SCHEMA, LIMIT, BAD_NAME, DUPLICATE_NAME, UNKNOWN_STATE,
         UNKNOWN_EVENT, DUPLICATE_TRANSITION, UNREACHABLE_STATE, TERMINAL_EXIT, DEAD_END,
-        TRAP, LEASE_RECLAIM, CAP_TRAP, UNUSED_EVENT,
+        TRAP, LEASE_RECLAIM, CAP_TRAP, UNCAPPED_BUDGET, UNUSED_EVENT,
     )
 }  # fmt: skip
 BLOCKS_GRAPH: frozenset[str] = frozenset(c for c in CODES.values() if c.blocks_graph)

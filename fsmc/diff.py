@@ -175,7 +175,7 @@ class Shape:
     """NEW as the comparison saw it (what a diagram of the result draws), in spec order."""
 
     states: tuple[str, ...]
-    initial: str
+    initials: tuple[str, ...]  # the default first
     terminals: tuple[str, ...]
     edges: tuple[tuple[str, str, str], ...]
 
@@ -234,7 +234,7 @@ def compare(old: Machine, new: Machine) -> Changes:
         machine=str(new.name),
         new=Shape(
             new.state_names,
-            str(new.initial),
+            new.initial_names,
             new.terminals_in_order,
             new.edges,
         ),
@@ -372,13 +372,68 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
         for name, (shown, key) in after.items()
         if before[name][1] != key
     ]
+    options += _set_options(old, new)
     old_caps, new_caps = old.cap_limits, new.cap_limits
     for event in dict.fromkeys([*new_caps, *old_caps]):
-        was, now = old_caps.get(event), new_caps.get(event)
+        was, now = _cap(old, event), _cap(new, event)
         if was != now:
-            lowered = now is not None and (was is None or now < was)
-            options.append(Option(f"caps.{event}", was, now, lowered))
+            # Lowered: the default or (for a cap per row) the max a row may be given.
+            lowered = now is not None and (was is None or now[0] < was[0] or now[1] < was[1])
+            options.append(Option(f"caps.{event}", _shown(old, event), _shown(new, event), lowered))
+    options += _budget_options(old, new)
     return tuple(options)
+
+
+def _cap(m: Machine, event: str) -> tuple[int, int] | None:
+    """A cap as compared: (its default, the largest a row may have)."""
+    if event not in m.cap_limits:
+        return None
+    return m.cap_limits[event], m.per_row_caps.get(event, m.cap_limits[event])
+
+
+def _shown(m: Machine, event: str) -> str | int | None:
+    """A cap as a diff shows it: the number, or (1.2) `25 per row, at most 1000`."""
+    if event in m.per_row_caps:
+        return f"{m.cap_limits[event]} per row, at most {m.per_row_caps[event]}"
+    return m.cap_limits.get(event)
+
+
+def _budget_options(old: Machine, new: Machine) -> list[Option]:
+    """1.2's budgets of each transition, named `<from>.<event>.otherwise`, `.spent`
+    and `.reset`. A new, changed or removed otherwise changes where rows go once
+    a budget is spent (or makes the move refused then): breaking, as is watching
+    another budget; a reset added only gives budgets back, one removed no longer does."""
+    out: list[Option] = []
+    for s, e in dict.fromkeys([*new.first, *old.first]):
+        was, now = old.otherwise.get((s, e)), new.otherwise.get((s, e))
+        if (was and was[0]) != (now and now[0]):
+            out.append(Option(f"{s}.{e}.otherwise", was and was[0], now and now[0], True))
+        elif was and now and was[1] != now[1]:
+            out.append(Option(f"{s}.{e}.spent", was[1], now[1], True))
+        before, after = set(old.resets.get((s, e), ())), set(new.resets.get((s, e), ()))
+        if before != after:
+            out.append(Option(f"{s}.{e}.reset", ", ".join(old.resets.get((s, e), ())) or None,
+                              ", ".join(new.resets.get((s, e), ())) or None, bool(before - after)))  # fmt: skip
+    return out
+
+
+def _set_options(old: Machine, new: Machine) -> list[Option]:
+    """1.2's lists of states: `initials` (a state added is compatible; one removed
+    breaks the code that inserts rows there) and `purgeable` (a state added is
+    breaking: purge then deletes rows it kept). Reported only where a spec uses the
+    1.2 form: a 1.1 spec's initial and terminals have changes of their own."""
+    out: list[Option] = []
+    if len(old.initial_names) > 1 or len(new.initial_names) > 1:
+        was, now = set(old.initial_names), set(new.initial_names)
+        if was != now:
+            out.append(Option("initials", ", ".join(old.initial_names), ", ".join(new.initial_names),
+                              bool(was - now)))  # fmt: skip
+    if old.purgeable is not None or new.purgeable is not None:
+        was, now = set(old.purgeable_names), set(new.purgeable_names)
+        if was != now:
+            out.append(Option("purgeable", ", ".join(old.purgeable_names),
+                              ", ".join(new.purgeable_names), bool(now - was)))  # fmt: skip
+    return out
 
 
 def _descriptions(old: Machine, new: Machine) -> Descriptions:

@@ -276,7 +276,7 @@ def diagram(changes: Changes) -> str:
         # A removed state whose only edge in was retargeted has no edge left to show
         # it; declare it, so its `class` line marks a state that is drawn.
         lone=[s for s in removed_states if s not in drawn and ids[s] == s],
-        initial=ids[new.initial],
+        initials=[ids[s] for s in new.initials],
         transitions=[(ids[s], label, ids[t]) for s, label, t in labelled],
         terminals=[ids[s] for s in new.terminals],
         lease=[],  # the change marks are this diagram's classes

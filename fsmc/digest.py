@@ -3,7 +3,10 @@
 `machine_digest(machine)` is the sha256 (hex) of a canonical JSON document holding
 exactly the facts the generated schema is built from: the machine's name, its
 states, events, terminals, initial state, transitions, lease (states and reclaim
-event), caps (language 1.1; absent when there are none) and PostgreSQL options (table, events table, id type, defaults resolved).
+event), caps (language 1.1; absent when there are none), the further initial states
+and the purgeable states, the caps per row, the otherwise and reset of each transition
+(language 1.2; each absent unless the spec uses it) and PostgreSQL
+options (table, events table, id type, defaults resolved).
 Descriptions, comments, key order, list order, YAML style and `from:` lists versus
 one transition per source leave it unchanged; any change to one of those facts
 changes it. Sets are sorted, since no order among states, events or transitions
@@ -62,6 +65,18 @@ def canonical(machine: Machine) -> str:
         # Only when there are caps, so a machine without them (every 1.0 spec) keeps
         # its digest. Choices need no key: `edges` has one triple per target.
         facts["caps"] = dict(sorted(m.cap_limits.items()))
+    # 1.2's keys likewise only where they say more than 1.1 could: the initial state is
+    # the default one, and the terminals are what purge takes unless `purgeable` says.
+    if len(m.initial_names) > 1:
+        facts["initials"] = sorted(m.initial_names)
+    if m.purgeable_names != m.terminals_in_order:
+        facts["purgeable"] = sorted(m.purgeable_names)
+    if m.per_row_caps:
+        facts["per_row_caps"] = dict(sorted(m.per_row_caps.items()))
+    if m.otherwise:
+        facts["otherwise"] = sorted([s, e, to, budget] for (s, e), (to, budget) in m.otherwise.items())
+    if m.resets:
+        facts["resets"] = sorted([s, e, sorted(events)] for (s, e), events in m.resets.items())
     return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

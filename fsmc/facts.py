@@ -89,8 +89,17 @@ def reclaim_choices(machine: Machine) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def pairs(machine: Machine) -> list[tuple[str, str]]:
-    """The (from, to) pairs of the transitions, each once, at its first declaration."""
-    return list(dict.fromkeys((s, t) for s, _e, t in machine.edges))
+    """The (from, to) pairs of the transitions, each once, at its first declaration
+    (an `otherwise` after the edges: a move the event log records too)."""
+    return list(dict.fromkeys((s, t) for s, _e, t in logged_moves(machine)))
+
+
+def logged_moves(machine: Machine) -> tuple[tuple[str, str, str], ...]:
+    """Every (from, event, to) the event log may record: the expanded table, then
+    (1.2) each `otherwise`, where a spent budget sends the row."""
+    if not machine.otherwise_edges:
+        return machine.edges
+    return tuple(dict.fromkeys((*machine.edges, *machine.otherwise_edges)))
 
 
 def by_state(machine: Machine) -> list[tuple[str, list[tuple[str, str]]]]:

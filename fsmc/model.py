@@ -42,6 +42,11 @@ class Transition:
     index: int  # position in the spec's `transitions` list
     pos: Pos  # the transition's own node, for rules about the whole edge
     wildcard: bool = False  # the source came from `from: "*"`
+    # 1.2: where the row goes instead once the budget (`spent`, else this event's own
+    # cap) is spent, and the capped events whose budgets this move gives back.
+    otherwise: Text | None = None
+    spent: Text | None = None
+    reset: tuple[Text, ...] = ()
 
     @property
     def target(self) -> Text:
@@ -65,10 +70,17 @@ class Wildcard:
 
 @dataclass(frozen=True)
 class Cap:
-    """`caps: {event: limit}`: the event fires at most `limit` times in a row's life."""
+    """`caps: {event: limit}`: the event fires at most `limit` times in a row's life.
+    1.2's `caps: {event: {default: limit, max: most}}` makes the cap the row's own,
+    chosen at insert (at most `most`, `limit` when not given) and fixed from then on."""
 
     event: Text
     limit: int
+    most: int | None = None
+
+    @property
+    def per_row(self) -> bool:
+        return self.most is not None
 
 
 @dataclass(frozen=True)
@@ -95,7 +107,7 @@ class Machine:
     sha256: str
     name: Text
     description: str | None
-    initial: Text | None
+    initials: tuple[Text, ...]  # the states a row may be born in; the first is the default
     states: tuple[Declaration, ...]
     events: tuple[Declaration, ...]
     terminals: tuple[Text, ...]
@@ -104,6 +116,24 @@ class Machine:
     postgres: Postgres
     caps: tuple[Cap, ...] = ()
     wildcards: tuple[Wildcard, ...] = ()
+    purgeable: tuple[Text, ...] | None = None  # as written; None: the terminals
+
+    @property
+    def initial(self) -> Text | None:
+        """The default initial state: where `INSERT ... DEFAULT VALUES` puts a row."""
+        return self.initials[0] if self.initials else None
+
+    @cached_property
+    def initial_names(self) -> tuple[str, ...]:
+        return _unique(iter(self.initials))
+
+    @cached_property
+    def purgeable_names(self) -> tuple[str, ...]:
+        """The states whose rows purge may delete, in spec (`states`) order."""
+        if self.purgeable is None:
+            return self.terminals_in_order
+        given = {str(p) for p in self.purgeable}
+        return tuple(s for s in self.state_names if s in given)
 
     @cached_property
     def state_names(self) -> tuple[str, ...]:
@@ -153,6 +183,36 @@ class Machine:
         return tuple((s, e, t) for (s, e), ts in self.targets.items() for t in ts)
 
     @cached_property
+    def otherwise(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """(state, event) -> (the state a spent budget sends the row to, the event
+        whose budget it is), for the pairs that name an `otherwise`."""
+        return {
+            k: (str(t.otherwise), str(t.spent or t.event))
+            for k, t in self.first.items()
+            if t.otherwise is not None
+        }
+
+    @cached_property
+    def resets(self) -> dict[tuple[str, str], tuple[str, ...]]:
+        """(state, event) -> the capped events whose budgets the move gives back."""
+        return {k: _unique(iter(t.reset)) for k, t in self.first.items() if t.reset}
+
+    @cached_property
+    def otherwise_edges(self) -> tuple[tuple[str, str, str], ...]:
+        """(from, event, otherwise) for each pair with an `otherwise`, in spec order:
+        moves the event log records besides `edges`."""
+        return tuple((s, e, to) for (s, e), (to, _) in self.otherwise.items())
+
+    @cached_property
+    def per_row_caps(self) -> dict[str, int]:
+        """Event -> the largest cap a row may be given, for the caps chosen per row."""
+        out: dict[str, int] = {}
+        for c in self.caps:
+            if c.most is not None and str(c.event) in self.cap_limits:
+                out.setdefault(str(c.event), c.most)
+        return {e: out[e] for e in self.cap_limits if e in out}
+
+    @cached_property
     def cap_limits(self) -> dict[str, int]:
         """Capped event -> its cap, in `events` order (the first of a repeated key)."""
         given: dict[str, int] = {}
@@ -188,7 +248,7 @@ def build(doc: Document) -> Machine:
         sha256=doc.sha256,
         name=name,
         description=_text(root.get("description")),
-        initial=_name(root.get("initial")),
+        initials=_initials(root.get("initial")),
         states=states,
         events=_declarations(root.get("events")),
         terminals=terminals,
@@ -197,7 +257,15 @@ def build(doc: Document) -> Machine:
         postgres=_postgres(root.get("postgres"), name),
         caps=_caps(root.get("caps")),
         wildcards=wildcards,
+        purgeable=_names(root.get("purgeable")) if isinstance(root.get("purgeable"), Sequence) else None,
     )
+
+
+def _initials(value: Any) -> tuple[Text, ...]:
+    """`initial`: one state, or (1.2) a list of them, the default first."""
+    if isinstance(value, Text):
+        return (value,)
+    return tuple(dict.fromkeys(_names(value)))
 
 
 def _name(value: Any) -> Text | None:
@@ -247,8 +315,11 @@ def _transitions(
             # "*" inside a list is a schema error; it names no state.
             sources = tuple(s for s in _names(source) if s != WILDCARD)
         description = _text(item.get("description"))
+        otherwise, spent = _name(item.get("otherwise")), _name(item.get("spent"))
+        reset = _names(item.get("reset"))
         for s in sources:
-            out.append(Transition(s, event, targets, description, index, item.pos, wildcard))
+            out.append(Transition(s, event, targets, description, index, item.pos, wildcard,
+                                  otherwise, spent, reset))  # fmt: skip
     return tuple(out), tuple(wildcards)
 
 
@@ -280,15 +351,26 @@ def _caps(value: Any) -> tuple[Cap, ...]:
     if not isinstance(value, Mapping):
         return ()
     out: list[Cap] = []
-    for event, limit in value.items():
-        # The schema stage reports a limit that is not an integer from 1 to
-        # MAX_CAP; the model keeps only the ones that are (2.0 is the integer 2).
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+    for event, given in value.items():
+        if not isinstance(event, Text):
             continue
-        if not 1 <= limit <= MAX_CAP or limit != int(limit) or not isinstance(event, Text):
-            continue  # (a NaN fails the range test before int() could raise)
-        out.append(Cap(event, int(limit)))
+        if isinstance(given, Mapping):  # 1.2: {default: N, max: M}, a cap per row
+            limit, most = _cap_value(given.get("default")), _cap_value(given.get("max"))
+            if limit is not None and most is not None:
+                out.append(Cap(event, limit, most))  # a default above max: `per_row_cap` says so
+        elif (limit := _cap_value(given)) is not None:
+            out.append(Cap(event, limit))
     return tuple(out)
+
+
+def _cap_value(value: Any) -> int | None:
+    """A cap as the model keeps it: an integer from 1 to MAX_CAP (2.0 is the integer
+    2). The schema stage reports any other value; the model skips it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not 1 <= value <= MAX_CAP or value != int(value):
+        return None  # (a NaN fails the range test before int() could raise)
+    return int(value)
 
 
 def _lease(value: Any) -> Lease | None:

@@ -120,6 +120,15 @@ def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | Non
     parts = list(error.absolute_path)
     where = format_path(parts) or "(top level)"
     kind, expected = error.validator, error.validator_value
+    if kind == "oneOf" and parts[:1] == ["caps"]:
+        # A cap is an integer or (1.2) {default, max}: explain the form the author
+        # wrote (a mapping: its keys and values), not "not valid under any schema".
+        branch = 1 if isinstance(error.instance, dict) else 0
+        found: list[Diagnostic] = []
+        for sub in error.context:
+            if sub.schema_path and sub.schema_path[0] == branch:
+                found.extend(_from_error(doc, sub))
+        return found
     if kind in ("pattern", "maxLength", "propertyNames"):
         if kind == "pattern" and expected == _NUL_FREE:
             return _diag(
@@ -156,7 +165,9 @@ def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | Non
         if "string" in wanted and scalar:
             # A name (string only) or free text (string or null, e.g. a description).
             hint = "; quote it to use it as a name" if "null" not in wanted else "; quote it"
-        if parts[:1] == ["caps"] and len(parts) == 2:
+        if parts[:1] == ["caps"] and len(parts) == 2 and "object" in wanted:
+            hint = f"; a cap is an integer from 1 to {MAX_CAP:,}, or {{default: N, max: M}}"
+        elif parts[:1] == ["caps"] and len(parts) in (2, 3):
             hint = f"; a cap is an integer from 1 to {MAX_CAP:,}"
         return _diag(
             doc, position_of(doc.root, parts),

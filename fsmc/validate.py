@@ -30,7 +30,7 @@ TABLE_MAX = 63
 # generated module and holds this list to it.
 RESERVED_CAMEL = frozenset(
     {"State", "Event", "IllegalTransition", "CapReached", "Connection", "AsyncConnection",
-     "UnknownRow", "StateName", "EventName", "INITIAL", "TERMINAL", "TRANSITIONS", "CHOICES", "CAPS",
+     "UnknownRow", "StateName", "EventName", "INITIAL", "INITIALS", "PURGEABLE", "TERMINAL", "TRANSITIONS", "CHOICES", "CAPS",
      "SCHEMA",
      "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE", "UNKNOWN_ROW_SQLSTATE"}
 )  # fmt: skip
@@ -178,16 +178,17 @@ def unknown_state(m: Machine) -> Iterator[Diagnostic]:
     if not m.states:
         return  # `states` is missing or misshapen: the schema error is the one cause
     declared = m.state_names
-    refs: list[tuple[str | tuple[int, str], Text]] = []
-    if m.initial is not None:
-        refs.append(("initial", m.initial))
+    refs: list[tuple[str | tuple[int, str], Text]] = [("initial", s) for s in m.initials]
     refs += [("terminals", t) for t in m.terminals]
     if m.lease:
         refs += [("lease.states", s) for s in m.lease.states]
+    refs += [("purgeable", s) for s in m.purgeable or ()]
     for t in m.transitions:
         if not t.wildcard:  # a wildcard's sources are declared states by construction
             refs.append(((t.index, "from"), t.source))
         refs += [((t.index, "to"), target) for target in t.targets]
+        if t.otherwise is not None:
+            refs.append(((t.index, "otherwise"), t.otherwise))
     for w in m.wildcards:
         refs += [((w.index, "except"), name) for name in w.excepted]
     yield from _unknown(m, refs, declared, codes.UNKNOWN_STATE, "state")
@@ -207,9 +208,12 @@ def unknown_state(m: Machine) -> Iterator[Diagnostic]:
 def unknown_event(m: Machine) -> Iterator[Diagnostic]:
     if not m.events:
         return  # `events` is missing or misshapen: the schema error is the one cause
-    refs: list[tuple[str | tuple[int, str], Text]] = [
-        ((t.index, "event"), t.event) for t in m.transitions
-    ]
+    refs: list[tuple[str | tuple[int, str], Text]] = []
+    for t in m.transitions:
+        refs.append(((t.index, "event"), t.event))
+        if t.spent is not None:
+            refs.append(((t.index, "spent"), t.spent))
+        refs += [((t.index, "reset"), e) for e in t.reset]
     if m.lease:
         refs.append(("lease.reclaim", m.lease.reclaim))
     refs += [("caps", c.event) for c in m.caps]
@@ -238,6 +242,48 @@ def _unknown(
             budget -= len(declared)
             hint = _did_you_mean(name, declared)
         yield _at(m, name, code, f"{path}: '{name}' is not a declared {kind}{hint}")
+
+
+def per_row_cap(m: Machine) -> Iterator[Diagnostic]:
+    """A cap per row whose default a row could not have (above its own max)."""
+    for c in m.caps:
+        if c.most is not None and c.limit > c.most:
+            yield _at(
+                m, c.event, codes.SCHEMA,
+                f"caps.{c.event}: the default cap {c.limit} is above the max {c.most}; "
+                "a row's cap is at most max",
+            )  # fmt: skip
+
+
+def uncapped_budget(m: Machine, g: Any) -> Iterator[Diagnostic]:
+    """A budget only a cap gives: what an `otherwise` waits for (the `spent` event's,
+    else the transition's own), and what a `reset` gives back. Each at the name that
+    relies on it; an undeclared event has its own diagnostic. A graph rule only in
+    that it runs after the schema holds: a misshapen cap is not also "no cap"."""
+    if not m.events:
+        return
+    capped, known = m.cap_limits, set(m.event_names)
+    seen: set[tuple[int, int]] = set()
+    for t in m.transitions:
+        needs: list[tuple[Text, str, str]] = []  # (where, key, the event it relies on)
+        if t.otherwise is not None and t.spent is not None:
+            needs.append((t.spent, "spent", str(t.spent)))
+        elif t.otherwise is not None:
+            needs.append((t.otherwise, "otherwise", str(t.event)))
+        needs += [(e, "reset", str(e)) for e in t.reset]
+        for where, key, event in needs:
+            if event in capped or event not in known or where.pos in seen:
+                continue
+            seen.add(where.pos)
+            if key == "reset":
+                why = f"gives back the budget of '{event}', which has none"
+            else:
+                why = (f"sends the row to '{t.otherwise}' once the budget of '{event}' "
+                       f"is spent, but '{event}' has none")  # fmt: skip
+            yield _at(
+                m, where, codes.UNCAPPED_BUDGET,
+                f"transitions[{t.index}].{key}: {why}; cap it (caps: {{{event}: N}})",
+            )  # fmt: skip
 
 
 def duplicate_transition(m: Machine) -> Iterator[Diagnostic]:
@@ -290,10 +336,12 @@ def graph_of(m: Machine) -> Any:
 
 
 def _declared_edges(m: Machine) -> Iterator[tuple[str, str]]:
+    """Every way a declaration may move a row: each target, and an `otherwise`."""
     known = set(m.state_names)
     for t in m.transitions:
         if t.source in known:
-            yield from ((str(t.source), str(x)) for x in t.targets if x in known)
+            ends = (*t.targets, t.otherwise) if t.otherwise is not None else t.targets
+            yield from ((str(t.source), str(x)) for x in ends if x in known)
 
 
 def _sources(m: Machine) -> set[str]:
@@ -302,22 +350,28 @@ def _sources(m: Machine) -> set[str]:
 
 
 def _isolated(m: Machine, g: Any) -> set[str]:
-    """States no transition enters or leaves (the initial state aside, which rows
+    """States no transition enters or leaves (the initial states aside, which rows
     enter by being born). Such a state is one mistake, a leftover or a state not yet
     wired in, so it gets one diagnostic, `unreachable-state`, that says so and how to
     fix it, not also a `dead-end` asking for a way out of a state nothing reaches."""
-    sources = _sources(m)
-    return {
-        s for s in m.state_names if s not in sources and g.in_degree(s) == 0 and s != m.initial
-    }
+    sources, born = _sources(m), set(m.initial_names)
+    return {s for s in m.state_names if s not in sources and g.in_degree(s) == 0 and s not in born}
+
+
+def _from_initial(m: Machine) -> str:
+    if len(m.initial_names) == 1:
+        return f"the initial state '{m.initial}'"
+    return "any initial state (" + ", ".join(m.initial_names) + ")"
 
 
 def unreachable_state(m: Machine, g: Any) -> Iterator[Diagnostic]:
     import networkx as nx
 
-    if m.initial is None:
+    if not m.initial_names:
         return
-    reached = nx.descendants(g, str(m.initial)) | {str(m.initial)}
+    reached = set(m.initial_names)
+    for s in m.initial_names:
+        reached |= nx.descendants(g, s)
     isolated = _isolated(m, g)
     for d in _first_declarations(m):
         if d in isolated:
@@ -328,12 +382,12 @@ def unreachable_state(m: Machine, g: Any) -> Iterator[Diagnostic]:
             yield _at(
                 m, d, codes.UNREACHABLE_STATE,
                 f"state '{d}' is isolated: no transition enters or leaves it, so it cannot "
-                f"be reached from the initial state '{m.initial}'; remove it, or add {connect}",
+                f"be reached from {_from_initial(m)}; remove it, or add {connect}",
             )  # fmt: skip
         elif d not in reached:
             yield _at(
                 m, d, codes.UNREACHABLE_STATE,
-                f"state '{d}' cannot be reached from the initial state '{m.initial}'",
+                f"state '{d}' cannot be reached from {_from_initial(m)}",
             )  # fmt: skip
 
 
@@ -433,12 +487,20 @@ def cap_trap(m: Machine, g: Any) -> Iterator[Diagnostic]:
     capped = m.cap_limits
     if not capped:
         return
+    # A capped exit with an `otherwise` still moves the row once its budget is spent;
+    # and an event whose budget an `otherwise` watches (`spent: fetch`) has a spent
+    # budget handled where it is spent (River's rescuer discards a job once its
+    # attempts are spent, so no row waits in `available` with none left).
     ways_out: dict[str, set[str]] = {}
+    rescued: set[tuple[str, str]] = set(m.otherwise)
+    watched = {budget for _, budget in m.otherwise.values()}
     for t in m.transitions:
         ways_out.setdefault(str(t.source), set()).add(str(t.event))
     for d in _first_declarations(m):
         events = ways_out.get(d)
         if d in m.terminal_names or not events or not events <= capped.keys():
+            continue
+        if all((str(d), e) in rescued or e in watched for e in events):
             continue
         spent = ", ".join(f"'{e}' ({capped[e]})" for e in m.event_names if e in events)
         yield _at(
@@ -481,11 +543,12 @@ REFERENCE_RULES: tuple[Rule, ...] = (
     unknown_event,
     duplicate_transition,
     terminal_exit,
+    per_row_cap,
 )
 # These judge the machine as a whole, so they run only on one whose names resolve
 # (an event used only by a misspelt transition is not "unused").
 GRAPH_RULES: tuple[GraphRule, ...] = (
-    unreachable_state, dead_end, trap, lease_reclaim, cap_trap, unused_event,
+    unreachable_state, dead_end, trap, lease_reclaim, cap_trap, uncapped_budget, unused_event,
 )  # fmt: skip
 
 
@@ -499,7 +562,7 @@ def validate(m: Machine, *, earlier: Iterable[Diagnostic] = ()) -> list[Diagnost
     """
     found = [d for rule in REFERENCE_RULES for d in rule(m)]
     blocked = any(d.blocks_graph for d in (*earlier, *found))
-    if not blocked and m.initial is not None and str(m.initial) in m.state_names:
+    if not blocked and m.initial_names and set(m.initial_names) <= set(m.state_names):
         graph = graph_of(m)
         found += [d for rule in GRAPH_RULES for d in rule(m, graph)]
     return found

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from fsmc.model import Machine
+
 HERE = Path(__file__).resolve().parent / "mermaid"
 SCRIPT = HERE / "parse.mjs"
 INSTALL = "npm ci --prefix tests/mermaid"
@@ -134,3 +136,20 @@ _FENCE = re.compile(r"^```mermaid\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 def mermaid_blocks(markdown: str) -> list[str]:
     """The bodies of the ```mermaid fenced blocks of a Markdown text."""
     return _FENCE.findall(markdown)
+
+
+def drawn_arrows(machine: Machine) -> list[tuple[str, str, str]]:
+    """(from, label, to) of every arrow a correct drawing of `machine` has between
+    states: one per transition target, labelled with its event, a capped event's
+    limit (`retry (max 5)`, `fetch (max 25 per row)`) and the budgets it gives back
+    (`revive (resets fetch)`); and (1.2) one per `otherwise`, saying whose spent
+    budget leads there. Written here from the contract, not from fsmc's code."""
+    m = machine
+
+    def label(s: str, e: str) -> str:
+        notes = [f"max {m.cap_limits[e]}{' per row' if e in m.per_row_caps else ''}"] if e in m.cap_limits else []
+        notes += [f"resets {', '.join(m.resets[s, e])}"] if (s, e) in m.resets else []
+        return f"{e} ({'; '.join(notes)})" if notes else e
+
+    arrows = [(s, label(s, e), t) for s, e, t in m.edges]
+    return arrows + [(s, f"{e} (otherwise, {b} spent)", o) for (s, e), (o, b) in m.otherwise.items()]

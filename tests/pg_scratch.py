@@ -182,11 +182,14 @@ class Scratch:
 
     # --- rows ---------------------------------------------------------------------
 
-    def new_row(self, conn: psycopg.Connection[Any]) -> Any:
-        """A fresh row in the initial state; its id."""
+    def new_row(self, conn: psycopg.Connection[Any], state: str | None = None) -> Any:
+        """A fresh row in the default initial state, or in `state` (another initial
+        one); its id."""
         if self.machine.postgres.id_type == "text":
-            row = conn.execute(self.q("INSERT INTO {table} (id) VALUES (%s) RETURNING id"),
-                               (f"id-{uuid.uuid4().hex}",)).fetchone()  # fmt: skip
+            row = conn.execute(self.q("INSERT INTO {table} (id, state) VALUES (%s, %s) RETURNING id"),
+                               (f"id-{uuid.uuid4().hex}", state or str(self.machine.initial))).fetchone()  # fmt: skip
+        elif state is not None:
+            row = conn.execute(self.q("INSERT INTO {table} (state) VALUES (%s) RETURNING id"), (state,)).fetchone()
         else:
             row = conn.execute(self.q("INSERT INTO {table} DEFAULT VALUES RETURNING id")).fetchone()
         assert row is not None
@@ -234,11 +237,33 @@ class Scratch:
             " WHERE {id_col} = %s ORDER BY version"), (row_id,)).fetchall()]  # fmt: skip
 
     def row_at(self, conn: psycopg.Connection[Any], state: str) -> tuple[Any, int]:
-        """A fresh row walked to `state` through `_apply` (committed); (id, version)."""
-        row_id = self.new_row(conn)
-        version = self.walk(conn, row_id, str(self.machine.initial), 0, path_to(self.machine, state))
+        """A fresh row walked to `state` through `_apply` (committed); (id, version). A
+        state only a spent budget leads to (1.2's `otherwise`): its budget spent by hand."""
+        m = self.machine
+        if state not in states_reachable(m):
+            (source, event), (_, budget) = next(k for k in m.otherwise.items() if k[1][0] == state)
+            row_id, version = self.row_at(conn, source)
+            self.spend(row_id, budget)
+            got = self.apply(conn, row_id, event, version, to_state=self.to_state(source, event, m.targets[source, event][0]))
+            conn.commit()
+            assert got == version + 1 and self.row(conn, row_id) == (state, got)
+            return row_id, got
+        born, events = birth(self.machine, state)
+        row_id = self.new_row(conn, born)
+        version = self.walk(conn, row_id, born, 0, events)
         conn.commit()
         return row_id, version
+
+    def spend(self, row_id: Any, event: str) -> None:
+        """Set a row's count of a capped event to its cap, as only the owner can (the
+        table's triggers off for that one write), committed."""
+        count = sql_ident(names.count_column(event))
+        cap = sql_ident(names.cap_column(event)) if event in self.machine.per_row_caps else str(self.machine.cap_limits[event])
+        with self.owner() as owner:
+            owner.execute(self.q("ALTER TABLE {table} DISABLE TRIGGER USER"))
+            owner.execute(self.q(f"UPDATE {{table}} SET {count} = {cap} WHERE id = %s"), (row_id,))
+            owner.execute(self.q("ALTER TABLE {table} ENABLE TRIGGER USER"))
+            owner.commit()
 
     def eras_of(self, row_id: Any, version: int) -> list[tuple[Machine, int]]:
         """The machines a row's events were written under, each with the last version
@@ -251,10 +276,14 @@ class Scratch:
         rows = conn.execute(self.q("SELECT id, state, state_version FROM {table}")).fetchall()
         for row_id, state, version in rows:
             eras = self.eras_of(row_id, version)
-            current, at = str(eras[0][0].initial), 0
-            for v, frm, event, to, _actor in self.events_of(conn, row_id):
+            log = self.events_of(conn, row_id)
+            current, at = (log[0][1] if log else state), 0  # where it was born
+            if current not in eras[0][0].initial_names:
+                problems.append(f"{row_id}: born in {current}, not an initial state")
+            for v, frm, event, to, _actor in log:
                 m = next(m for m, upto in eras if v <= upto)
-                if v != at + 1 or frm != current or to not in m.targets.get((frm, event), ()):
+                moves = (*m.targets.get((frm, event), ()), *m.otherwise.get((frm, event), ())[:1])
+                if v != at + 1 or frm != current or to not in moves:
                     problems.append(f"{row_id}: event {v} {frm}-{event}->{to} after {current}@{at}")
                 current, at = to, v
             if (current, at) != (state, version):
@@ -263,8 +292,22 @@ class Scratch:
 
 
 def path_to(machine: Machine, target: str) -> list[str]:
-    """The events of a shortest walk from the initial state to `target`."""
+    """The events of a shortest walk from the default initial state to `target`."""
     return shortest_walk(machine, str(machine.initial), {target})
+
+
+def birth(machine: Machine, target: str) -> tuple[str, list[str]]:
+    """The initial state with the shortest walk to `target` (the default one first,
+    on a tie), and that walk's events."""
+    ways = []
+    for born in machine.initial_names:
+        try:
+            ways.append((len(events := shortest_walk(machine, born, {target})), born != machine.initial, born, events))
+        except AssertionError:
+            continue  # not reachable from this one
+    assert ways, f"no walk from an initial state into {target}"
+    _, _, born, events = min(ways)
+    return born, events
 
 
 def shortest_walk(machine: Machine, start: str, into: set[str]) -> list[str]:
@@ -321,7 +364,7 @@ def module_of(machine: Machine, folder: Path) -> ModuleType:
 def states_reachable(machine: Machine) -> Iterator[str]:
     for state in machine.state_names:
         try:
-            path_to(machine, state)
+            birth(machine, state)
         except AssertionError:
             continue
         yield state

@@ -56,6 +56,12 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     "choices_and_caps": (1, True, {"choices", "options", "transitions+"}),
     # Issue 23: `to: approved` becoming `to: [approved, rejected]` adds an edge.
     "became_a_choice": (1, True, {"choices", "transitions+"}),
+    # Language 1.2: a row may now be born in `scheduled` too (compatible), and purge
+    # now deletes `completed` rows it used to keep (breaking).
+    "initials_and_purgeable": (1, True, {"options"}),
+    # A cap per row, a spent budget's otherwise (where the old spec discarded at once),
+    # and revives that give the budget back.
+    "budgets": (1, True, {"transitions~", "options"}),
     "mermaid_keywords": (
         1,
         True,
@@ -378,7 +384,7 @@ def test_the_markdown_diagram_parses_in_real_mermaid_and_draws_the_changes() -> 
         added = {(e.source, e.event, e.target) for e in c.added}
         was = {(r.source, r.event): r.old_target for r in c.retargeted}
         chose = {(x.source, x.event): ", ".join(x.old_targets) for x in c.choices}
-        expected = {("[*]", c.new.initial, "")} | {(s, "[*]", "") for s in c.new.terminals}
+        expected = {("[*]", s, "") for s in c.new.initials} | {(s, "[*]", "") for s in c.new.terminals}
         for s, e, t in c.new.edges:
             if (s, e, t) in added:
                 expected.add((s, t, f"{e} (added)"))

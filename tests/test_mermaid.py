@@ -31,7 +31,7 @@ import pytest
 from fsmc import cli, pipeline, source
 from fsmc.targets import mermaid
 from tests import mermaid_check
-from tests.mermaid_check import END, START, Result, mermaid_blocks, parse_all
+from tests.mermaid_check import END, START, Result, drawn_arrows, mermaid_blocks, parse_all
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "generated"
@@ -54,13 +54,14 @@ class Spec:
     states: tuple[str, ...]
     terminals: tuple[str, ...]
     transitions: tuple[tuple[str, str, str], ...]  # (from, event, to)
+    more_initials: tuple[str, ...] = ()  # 1.2: the other states a row may be born in
 
     def yaml(self) -> str:  # JSON is YAML, and quotes every name
         events = list(dict.fromkeys(e for _, e, _ in self.transitions))
         doc = {
             "fsmc": 1,
             "machine": self.name,
-            "initial": self.initial,
+            "initial": [self.initial, *self.more_initials] if self.more_initials else self.initial,
             "states": list(self.states),
             "terminals": list(self.terminals),
             "events": events,
@@ -70,7 +71,7 @@ class Spec:
 
     def edges(self) -> Counter[tuple[str, str, str]]:
         """The arrows a correct drawing has: (source label, target label, edge label)."""
-        arrows = [(START, self.initial, "")]
+        arrows = [(START, s, "") for s in (self.initial, *self.more_initials)]
         arrows += [(s, t, e) for s, e, t in self.transitions]
         arrows += [(t, END, "") for t in self.terminals]
         return Counter(arrows)
@@ -306,10 +307,10 @@ def test_generated_diagrams_draw_their_specs(parsed: Parsed) -> None:
         checked = pipeline.check(source.read(str(ROOT / "specs" / f"{mmd.parent.name}.yaml")))
         m = checked.machine
         assert m is not None and m.initial is not None
-        # A capped event's arrow says its limit (`retry (max 5)`).
-        labels = {e: f"{e} (max {cap})" for e, cap in m.cap_limits.items()}
+        # A capped event's arrow says its limit (`retry (max 5)`), and the budgets a move
+        # gives back; a spent budget's otherwise is an arrow of its own.
         spec = Spec(str(m.name), str(m.initial), m.state_names, tuple(sorted(m.terminal_names)),
-                    tuple((s, labels.get(e, e), t) for s, e, t in m.edges))  # fmt: skip
+                    tuple(drawn_arrows(m)), m.initial_names[1:])  # fmt: skip
         result = parsed.results[f"generated/{mmd.parent.name}/{mmd.name}"]
         assert not list(problems(result, spec))
         readme = parsed.results[f"generated/{mmd.parent.name}/README.md#0"]

@@ -26,6 +26,7 @@ from psycopg.conninfo import make_conninfo
 
 from fsmc.digest import canonical, machine_digest
 from fsmc.escape import sql_ident, sql_name
+from fsmc.facts import logged_moves
 from fsmc.targets import sqlstate
 from fsmc.targets.postgres.build import build, emit
 from tests.conftest import SPECS
@@ -144,7 +145,7 @@ def test_a_row_cannot_be_born_in_any_other_state_or_version(db: Scratch) -> None
 
     with db.connect() as conn:
         before = snapshot(db, conn)
-        for state in (s for s in m.state_names if s != m.initial):
+        for state in (s for s in m.state_names if s not in m.initial_names):
             error = insert(conn, state, None)
             assert sqlstate_of(error) == sqlstate.BYPASS_WRITE, error
             assert f'"{state}"' in str(error)
@@ -258,9 +259,10 @@ def test_apply_finds_its_tables_whatever_the_callers_search_path(db: Scratch) ->
 
 def some_edge_and_non_edge(db: Scratch) -> Iterator[tuple[str, str, bool]]:
     """(from, to, is_edge) pairs: every state pair that is, and every one that is not,
-    an edge of the spec (from non-terminal, reachable states)."""
+    an edge of the spec (from non-terminal, reachable states; a spent budget's
+    otherwise is an edge too)."""
     m = db.machine
-    pairs = {(s, t) for s, _e, t in m.edges}
+    pairs = {(s, t) for s, _e, t in logged_moves(m)}
     for state in states_reachable(m):
         if state in m.terminal_names:
             continue
@@ -342,7 +344,7 @@ def test_a_state_change_must_bump_state_version_by_exactly_one(db: Scratch) -> N
             assert sqlstate_of(error) == sqlstate.BYPASS_WRITE, (new_version, error)
             assert f"must set state_version to {version + 1}" in str(error)
         # The version alone may not move either, unless the spec has a self-loop here.
-        if (source_state, source_state) not in {(s, t) for s, _e, t in db.machine.edges}:
+        if (source_state, source_state) not in {(s, t) for s, _e, t in logged_moves(db.machine)}:
             error = refused(conn, db.q("UPDATE {table} SET state_version = state_version + 1"
                                        " WHERE id = %s"), (row_id,))  # fmt: skip
             assert sqlstate_of(error) == sqlstate.BYPASS_WRITE
@@ -402,7 +404,7 @@ def test_an_event_row_without_its_state_change_fails_at_commit(db: Scratch) -> N
 def test_the_event_log_admits_only_the_specs_triples(db: Scratch) -> None:
     m = db.machine
     source_state, event, target = m.edges[0]
-    wrong_target = next(s for s in m.state_names if (source_state, event, s) not in set(m.edges))
+    wrong_target = next(s for s in m.state_names if (source_state, event, s) not in set(logged_moves(m)))
     with db.connect() as conn:
         row_id, version = db.row_at(conn, source_state)
         for triple in ((source_state, event, wrong_target), (source_state, "no_such_event", target),
@@ -434,19 +436,19 @@ def test_a_write_to_the_table_is_not_preceded_by_a_row_lock_but_with_caps(db: Sc
     with db.connect() as app:
         row_id = db.new_row(app)
         app.commit()
+    plans = []
     with db.owner() as owner:
-        # Reading the row first lets PostgreSQL prune the page's dead tuples (earlier
-        # tests' moves in this table) now: an opportunistic prune during the UPDATE's
-        # own read would add a WAL record of its own, and this test counts them.
-        owner.execute(db.q("SELECT * FROM {table} WHERE id = %s"), (row_id,)).fetchall()
-        owner.commit()
-        plan = owner.execute(db.q("EXPLAIN (ANALYZE, WAL, FORMAT JSON)"
-                                  " UPDATE {table} SET created_at = created_at WHERE id = %s"),
-                             (row_id,)).fetchone()  # fmt: skip
-        owner.rollback()
-    assert plan is not None
-    records = plan[0][0]["Plan"]["WAL Records"]
-    assert records == (2 if db.machine.cap_limits else 1), (records, plan)
+        # The fewest of three tries: now and then a statement also writes a record that
+        # is not its own doing (the first xid of a new commit-log page zeroes the page,
+        # a prune of the page's dead tuples); only what every try writes is the UPDATE's.
+        for _ in range(3):
+            plan = owner.execute(db.q("EXPLAIN (ANALYZE, WAL, FORMAT JSON)"
+                                      " UPDATE {table} SET created_at = created_at WHERE id = %s"),
+                                 (row_id,)).fetchone()  # fmt: skip
+            owner.rollback()
+            assert plan is not None
+            plans.append(plan[0][0]["Plan"]["WAL Records"])
+    assert min(plans) == (2 if db.machine.cap_limits else 1), plans
 
 
 def test_the_application_cannot_use_the_domains_the_checks_cast_to(db: Scratch) -> None:
@@ -479,7 +481,9 @@ def test_the_event_log_refuses_update_delete_and_truncate(db: Scratch) -> None:
                "DELETE FROM {events}", "DELETE FROM {events} WHERE version = 1",
                "TRUNCATE {events}", "TRUNCATE {table} CASCADE")  # fmt: skip
     with db.owner() as conn, db.connect() as app:
-        row_id, _version = db.row_at(conn, db.machine.edges[0][2])
+        # A row with history: in a state that only a move reaches (not where rows are born).
+        moved_to = next(t for _, _, t in db.machine.edges if t not in db.machine.initial_names)
+        row_id, _version = db.row_at(conn, moved_to)
         before = snapshot(db, conn)
         for query in queries:
             error = refused(conn, db.q(query))

@@ -515,3 +515,111 @@ def test_no_states_is_a_schema_error_not_a_crash(states: str) -> None:
     result = check(Source("spec.yaml", "spec.yaml", text.encode()))
     assert [(d.code, d.line, d.col) for d in result.diagnostics] == [("schema", 4, 9)]
     assert "must not be empty" in result.diagnostics[0].message
+
+
+# --- language 1.2: several initial states, purgeable states, budgets --------------------
+
+QUEUE = """\
+fsmc: 1
+machine: queue
+initial: [available, scheduled]
+states: [available, scheduled, running, retryable, completed, discarded]
+terminals: []
+purgeable: [completed, discarded]
+events: [schedule, fetch, complete, error, retry, revive]
+transitions:
+  - {from: scheduled, event: schedule, to: available}
+  - {from: available, event: fetch, to: running}
+  - {from: running, event: complete, to: completed}
+  - {from: running, event: error, to: retryable, otherwise: discarded, spent: fetch}
+  - {from: retryable, event: retry, to: available, otherwise: discarded}
+  - {from: [completed, discarded], event: revive, to: available, reset: [fetch, retry]}
+caps:
+  fetch: {default: 25, max: 1000}
+  retry: 5
+"""
+
+
+def test_the_queue_spec_of_1_2_is_clean() -> None:
+    assert run(QUEUE)[0] == []
+
+
+def test_a_state_only_another_initial_state_reaches_is_reachable() -> None:
+    # `scheduled` is reached by nothing but being born there: no unreachable-state.
+    assert run(QUEUE)[0] == []
+    one_initial = QUEUE.replace("initial: [available, scheduled]", "initial: available")
+    assert_only("unreachable-state", one_initial.replace("[available, scheduled, running", "[available, @scheduled, running"),
+                "state 'scheduled' cannot be reached from the initial state 'available'")
+
+
+def test_every_initial_state_must_be_declared() -> None:
+    assert_only("unknown-state", QUEUE.replace("[available, scheduled]", "[available, @schedueld]"),
+                "initial: 'schedueld' is not a declared state; did you mean 'scheduled'?")
+
+
+def test_an_initial_state_is_listed_once() -> None:
+    assert_only("schema", QUEUE.replace("[available, scheduled]", "[available, @available]"), "initial[1]")
+
+
+def test_a_purgeable_state_must_be_declared() -> None:
+    assert_only("unknown-state", QUEUE.replace("purgeable: [completed, discarded]", "purgeable: [completed, @discardd]"),
+                "purgeable: 'discardd' is not a declared state; did you mean 'discarded'?")
+
+
+def test_an_otherwise_names_a_declared_state_and_a_spent_a_declared_event() -> None:
+    assert_only("unknown-state", QUEUE.replace("otherwise: discarded, spent", "otherwise: @discard, spent"),
+                "transitions[3].otherwise: 'discard' is not a declared state")
+    assert_only("unknown-event", QUEUE.replace("spent: fetch", "spent: @fetc"),
+                "transitions[3].spent: 'fetc' is not a declared event; did you mean 'fetch'?")
+
+
+def test_a_spent_needs_an_otherwise() -> None:
+    assert_only("schema", QUEUE.replace("@", "").replace("{from: running, event: error, to: retryable, otherwise: discarded, spent: fetch}",
+                                                         "@{from: running, event: error, to: retryable, spent: fetch}"),
+                "transitions[3]", "'otherwise'")
+
+
+def test_a_budget_comes_only_from_a_cap() -> None:
+    # `complete` has no cap: an otherwise waiting for its budget, or a reset of it, is a mistake.
+    found, _, messages = run(QUEUE.replace("spent: fetch", "spent: complete"))
+    # (and, with nothing watching the budget of `fetch` now, `available` is a cap trap)
+    assert [(c, line) for c, line, _ in found] == [("cap-trap", 4), ("uncapped-budget", 12)], messages
+    assert any("transitions[3].spent" in m and "cap it (caps: {complete: N})" in m for m in messages)
+    assert_only("uncapped-budget", QUEUE.replace("{from: running, event: complete, to: completed}",
+                                                 "{from: running, event: complete, to: completed, otherwise: @discarded}"),
+                "transitions[2].otherwise", "budget of 'complete' is spent")
+    assert_only("uncapped-budget", QUEUE.replace("reset: [fetch, retry]", "reset: [fetch, @complete]"),
+                "transitions[5].reset", "gives back the budget of 'complete'")
+
+
+def test_a_cap_per_row_has_a_default_within_its_max() -> None:
+    assert_only("schema", QUEUE.replace("  fetch: {default: 25, max: 1000}", "  @fetch: {default: 25, max: 10}"),
+                "caps.fetch: the default cap 25 is above the max 10")
+    assert_only("schema", QUEUE.replace("{default: 25, max: 1000}", "@{default: 25}"), "caps.fetch", "'max'")
+    assert_only("schema", QUEUE.replace("{default: 25, max: 1000}", "{default: 25, max: @0}"),
+                "caps.fetch.max", "1 to 1,000,000")
+
+
+def test_an_otherwise_is_a_way_out_for_the_cap_trap_rule() -> None:
+    # `retryable` is left by the capped `retry` only, but its otherwise still moves a
+    # row whose budget is spent; `available` by the capped `fetch` only, whose spent
+    # budget the otherwise of `error` watches.
+    assert run(QUEUE)[0] == []
+    no_rescue = QUEUE.replace(", otherwise: discarded}", "}")
+    assert_only("cap-trap", no_rescue.replace("states: [available, scheduled, running, retryable,",
+                                              "states: [available, scheduled, running, @retryable,"),
+                "state 'retryable' can only be left by capped events")
+
+
+def test_an_otherwise_target_counts_for_reachability() -> None:
+    # `discarded` is reached only through otherwise: no unreachable-state.
+    assert run(QUEUE)[0] == []
+    assert "discarded" not in {m for m in run(QUEUE)[2]}
+
+
+def test_a_reclaim_with_an_otherwise_is_allowed_but_not_a_choice() -> None:
+    leased = QUEUE.replace("{from: running, event: error, to: retryable, otherwise: discarded, spent: fetch}",
+                           "{from: running, event: error, to: retryable, otherwise: discarded, spent: fetch}\n"
+                           "  - {from: running, event: rescue, to: retryable, otherwise: discarded, spent: fetch}")
+    leased = leased.replace("events: [schedule,", "events: [rescue, schedule,") + "lease: {states: [running], reclaim: rescue}\n"
+    assert run(leased)[0] == []

@@ -30,7 +30,7 @@ def dot(machine: Machine) -> str:
     for s in m.state_names:
         shape = "doublecircle" if s in m.terminal_names else "ellipse"
         lines.append(f"    {dot_id(s)} [shape={shape}];")
-    lines.append(f"    {start} -> {dot_id(str(m.initial))};")
+    lines += [f"    {start} -> {dot_id(s)};" for s in m.initial_names]
     for s, e, t in m.edges:
         lines.append(f"    {dot_id(s)} -> {dot_id(t)} [label={dot_id(e)}];")
     lines.append("}")

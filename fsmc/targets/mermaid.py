@@ -68,7 +68,7 @@ class DiagramContext:
     """What templates/diagram.mmd.j2 fills in (its fields are its variables)."""
 
     aliases: list[tuple[str, str]]  # (id, state) where a state's id is not its name
-    initial: str  # its id
+    initials: list[str]  # ids: every state a row may be born in
     transitions: list[tuple[str, str, str]]  # (source id, label: the event, and a cap's limit, target id)
     terminals: list[str]  # ids
     lease: list[str]  # the lease states' ids, drawn in the lease class
@@ -87,23 +87,30 @@ def diagram(machine: Machine) -> str:
     """The stateDiagram-v2 body, shared by the .mmd file and the README."""
     m = machine
     ids = state_ids(m.state_names, m.event_names)
-    initial = str(m.initial)
-    mentioned = {initial, *m.terminal_names, *(s for s, _, _ in m.edges), *(t for *_, t in m.edges)}
+    mentioned = {*m.initial_names, *m.terminal_names, *(s for s, _, _ in m.edges), *(t for *_, t in m.edges)}
     return render("diagram.mmd.j2", **as_variables(DiagramContext(
         aliases=[(i, s) for s, i in ids.items() if i != s],
-        initial=ids.get(initial, initial),
-        transitions=[(ids[s], edge_label(e, m.cap_limits.get(e)), ids[t]) for s, e, t in m.edges],
+        initials=[ids.get(s, s) for s in m.initial_names],
+        transitions=[
+            *((ids[s], edge_label(e, m.cap_limits.get(e), e in m.per_row_caps, m.resets.get((s, e), ())), ids[t])
+              for s, e, t in m.edges),
+            # 1.2: where a spent budget sends the row, drawn as its own arrow.
+            *((ids[s], f"{e} (otherwise, {budget} spent)", ids[to]) for (s, e), (to, budget) in m.otherwise.items()),
+        ],  # fmt: skip
         terminals=[ids[s] for s in m.terminals_in_order],
         lease=[ids[s] for s in m.lease.states] if m.lease is not None else [],
         lone=[i for s, i in ids.items() if s not in mentioned and i == s],
     )))  # fmt: skip
 
 
-def edge_label(event: str, cap: int | None) -> str:
-    """An arrow's label: its event, and a capped event's limit (`retry (max 5)`), so a
-    reviewer sees the budget on the drawing. The lexer takes the rest of the line as
-    the label, so the parentheses are plain text."""
-    return event if cap is None else f"{event} (max {cap})"
+def edge_label(event: str, cap: int | None, per_row: bool = False, resets: tuple[str, ...] = ()) -> str:
+    """An arrow's label: its event, and a capped event's limit (`retry (max 5)`; for a
+    cap per row, its default: `fetch (max 25 per row)`), so a reviewer sees the budget
+    on the drawing, and the budgets a move gives back (`revive (resets fetch)`). The
+    lexer takes the rest of the line as the label, so the parentheses are plain text."""
+    notes = [] if cap is None else [f"max {cap}{' per row' if per_row else ''}"]
+    notes += [f"resets {', '.join(resets)}"] if resets else []
+    return f"{event} ({'; '.join(notes)})" if notes else event
 
 
 def emit(machine: Machine, body: str) -> str:

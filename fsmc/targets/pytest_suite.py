@@ -25,10 +25,15 @@ class TestFileContext:
     states: list[str]
     events: list[str]
     initial: str
+    initials: list[str]
     terminals: list[str]
+    purgeable: list[str]
     transitions: list[tuple[str, str, str]]
     choices: list[tuple[str, str, list[str]]]
     caps: list[tuple[str, int]]
+    otherwise: list[tuple[str, str, str, str]]  # 1.2: (state, event, otherwise, the budget's event)
+    resets: list[tuple[str, str, list[str]]]  # 1.2: (state, event, the events whose budgets come back)
+    per_row: list[tuple[str, int]]  # 1.2: (event, the largest cap a row may have)
     sample_id: str  # a Python expression
     sql: SuiteContext  # the database's side, SQLSTATEs included (`sql.codes`)
 
@@ -43,10 +48,15 @@ def emit(machine: Machine, pg: Build) -> str:
         states=list(m.state_names),
         events=list(m.event_names),
         initial=str(m.initial),
+        initials=list(m.initial_names),
         terminals=list(m.terminals_in_order),
+        purgeable=list(m.purgeable_names),
         transitions=[(s, e, t) for (s, e), t in m.single.items()],
         choices=[(s, e, sorted(ts)) for (s, e), ts in m.choices.items()],
         caps=list(m.cap_limits.items()),
+        otherwise=[(s, e, to, budget) for (s, e), (to, budget) in m.otherwise.items()],
+        resets=[(s, e, list(events)) for (s, e), events in m.resets.items()],
+        per_row=list(m.per_row_caps.items()),
         sample_id=ID_TYPES[m.postgres.id_type].sample,
         sql=suite_context(pg),
     )))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fsmc.model import Machine
 from fsmc.targets.common import ID_TYPES, Header
-from fsmc.targets.postgres.names import Names, count_column
+from fsmc.targets.postgres.names import Names, cap_column, count_column
 from fsmc.targets.sqlstate import Codes
 from fsmc.templating import as_variables, render
 
@@ -24,9 +24,15 @@ def count_field(event: str) -> str:
     return count_column(event)
 
 
+def cap_field(event: str) -> str:
+    """The dataclass field holding a row's own cap of an event capped per row: the
+    name of its PostgreSQL column (`names.cap_column`)."""
+    return cap_column(event)
+
+
 def exports(class_name: str, lease: bool) -> list[str]:
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
-    names = ["CAPS", "CHOICES", "INITIAL", "SCHEMA", "TERMINAL", "TRANSITIONS", "AsyncConnection",
+    names = ["CAPS", "CHOICES", "INITIAL", "INITIALS", "PURGEABLE", "SCHEMA", "TERMINAL", "TRANSITIONS", "AsyncConnection",
              "CapReached", "Connection", "Event", "IllegalTransition", "State", "UnknownRow",
              class_name, "EventName", "StateName", "apply", "available_events", "can_fire",
              "transition", "atransition", "get", "aget", "claim", "aclaim", "purge", "apurge"]  # fmt: skip
@@ -50,11 +56,18 @@ class ModuleContext:
     description: str | None
     states: list[tuple[str, str, str | None]]  # (member, name, description)
     events: list[tuple[str, str, str | None]]
-    initial: str  # a member
+    initial: str  # a member: the default initial state
+    initials: list[str]  # members: every state a row may be born in, the default first
     terminals: list[str]  # members
+    purgeable: list[str]  # members
     transitions: list[tuple[str, str, str]]  # members: (state, event, target)
     choices: list[tuple[str, str, list[str]]]  # members: (state, event, targets)
-    caps: list[tuple[str, str, int]]  # (event member, count field, cap)
+    caps: list[tuple[str, str, int, str]]  # (event member, count field, cap, its cap field per row or "")
+    # 1.2: (state member, event member) -> where a spent budget sends the row: (target
+    # member, the budget's count field, its cap field per row or "", its fixed cap)
+    otherwise: list[tuple[str, str, str, str, str, int]]
+    resets: list[tuple[str, str, list[str]]]  # (state member, event member, the events whose budgets come back)
+    per_row_max: dict[str, int]  # event member -> the largest cap a row may have (1.2)
     id_type: str  # the Python type of an id
     pg_id_type: str  # the SQL type the module casts an id to
     schema: str
@@ -85,10 +98,20 @@ def context(machine: Machine) -> ModuleContext:
         states=[(member(s), s, descriptions.get(s)) for s in m.state_names],
         events=[(member(e), e, event_descriptions.get(e)) for e in m.event_names],
         initial=member(str(m.initial)),
+        initials=[member(s) for s in m.initial_names],
         terminals=[member(s) for s in m.terminals_in_order],
+        purgeable=[member(s) for s in m.purgeable_names],
         transitions=[(member(s), member(e), member(t)) for (s, e), t in m.single.items()],
         choices=[(member(s), member(e), [member(t) for t in ts]) for (s, e), ts in m.choices.items()],
-        caps=[(member(e), count_field(e), cap) for e, cap in m.cap_limits.items()],
+        caps=[(member(e), count_field(e), cap, cap_field(e) if e in m.per_row_caps else "")
+              for e, cap in m.cap_limits.items()],  # fmt: skip
+        otherwise=[
+            (member(s), member(e), member(to), count_field(b), cap_field(b) if b in m.per_row_caps else "",
+             m.cap_limits.get(b, 0))
+            for (s, e), (to, b) in m.otherwise.items()
+        ],  # fmt: skip
+        resets=[(member(s), member(e), [member(x) for x in xs]) for (s, e), xs in m.resets.items()],
+        per_row_max={member(e): most for e, most in m.per_row_caps.items()},
         id_type=ID_TYPES[m.postgres.id_type].python,
         pg_id_type=ID_TYPES[m.postgres.id_type].cast,
         schema=m.postgres.schema,
@@ -100,7 +123,8 @@ def context(machine: Machine) -> ModuleContext:
         purge_function=names.purge,
         heartbeat_function=names.heartbeat,
         reclaim_function=names.reclaim,
-        row_columns=", ".join(["state", "state_version", *map(count_field, m.cap_limits)]),
+        row_columns=", ".join(["state", "state_version", *map(count_field, m.cap_limits),
+                               *map(cap_field, m.per_row_caps)]),  # fmt: skip
         lease=m.lease is not None,
         reclaim_event=str(m.lease.reclaim) if m.lease is not None else "",
     )

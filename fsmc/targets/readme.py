@@ -41,8 +41,10 @@ def emit(machine: Machine, diagram: str, pg: Build) -> str:
     states = []
     for d in m.states:
         notes = []
-        if d.name == m.initial:
-            notes.append("initial")
+        if d.name in m.initial_names:
+            notes.append("initial" if len(m.initial_names) == 1 or d.name != m.initial else "initial, the default")
+        if d.name in m.purgeable_names and m.purgeable is not None:
+            notes.append("purgeable")
         if d.name in m.terminal_names:
             notes.append("terminal")
         if m.lease and d.name in m.lease.states:

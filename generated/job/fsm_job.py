@@ -29,6 +29,8 @@ __all__ = [
     "CAPS",
     "CHOICES",
     "INITIAL",
+    "INITIALS",
+    "PURGEABLE",
     "SCHEMA",
     "TERMINAL",
     "TRANSITIONS",
@@ -126,6 +128,20 @@ EventName: typing.TypeAlias = typing.Literal[
 """An event's name as a string, where an Event is taken: a misspelled one fails type checking."""
 
 INITIAL: typing.Final[State] = State.QUEUED
+"""The state a new job is born in unless it is given one of INITIALS."""
+INITIALS: typing.Final[frozenset[State]] = frozenset(
+    {
+        State.QUEUED,
+    }
+)
+"""Every state a job may be born in (INITIAL among them)."""
+PURGEABLE: typing.Final[frozenset[State]] = frozenset(
+    {
+        State.COMPLETED,
+        State.ABANDONED,
+    }
+)
+"""The states whose rows purge() may delete, each with its history."""
 TERMINAL: typing.Final[frozenset[State]] = frozenset(
     {
         State.COMPLETED,
@@ -675,8 +691,9 @@ def _value(state: State | None) -> str | None:
 def purge(
     conn: Connection, *, older_than: datetime.timedelta, limit: int, schema: str = SCHEMA
 ) -> int:
-    """Delete up to `limit` rows terminal for longer than `older_than`, each with its
-    whole history, oldest first (job_purge); the count deleted."""
+    """Delete up to `limit` rows that have rested in a PURGEABLE state for longer than
+    `older_than`, each with its whole history, oldest first (job_purge);
+    the count deleted."""
     cursor = conn.cursor()
     try:
         cursor.execute(_sql(schema).purge, (older_than, limit))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import dataclasses
+import datetime
 import importlib
 import importlib.util
 import os
@@ -67,7 +68,18 @@ EVENTS: tuple[str, ...] = (
     "fail",
 )
 INITIAL = "queued"
+INITIALS: frozenset[str] = frozenset(
+    {
+        "queued",
+    }
+)
 TERMINALS: frozenset[str] = frozenset(
+    {
+        "succeeded",
+        "failed",
+    }
+)
+PURGEABLE: frozenset[str] = frozenset(
     {
         "succeeded",
         "failed",
@@ -82,6 +94,37 @@ CHOICES: dict[tuple[str, str], frozenset[str]] = {
 }
 CAPS: dict[str, int] = {
 }
+
+
+OTHERWISE: dict[tuple[str, str], tuple[str, str]] = {}
+RESETS: dict[tuple[str, str], frozenset[str]] = {}
+PER_ROW_CAPS: dict[str, int] = {}
+
+
+_TARGET_SET: frozenset[tuple[str, str, str]] = frozenset(
+    {(s, e, t) for (s, e), t in TABLE.items()} | {(s, e, t) for (s, e), ts in CHOICES.items() for t in ts}
+)
+
+
+def _fire(
+    state: str, event: str, to: str | None, counts: dict[str, int]
+) -> tuple[str, dict[str, int]] | None:
+    """Where the spec sends a row in `state` whose counts are `counts` (each row at
+    its default caps) on `event` (to `to`), and its counts after; None if refused."""
+    rescue = OTHERWISE.get((state, event))
+    spent = rescue is not None and counts.get(rescue[1], 0) >= CAPS[rescue[1]]
+    if rescue is not None and spent:
+        target = rescue[0]
+    elif event in CAPS and counts.get(event, 0) >= CAPS[event]:
+        return None
+    else:
+        target = to if to is not None else TABLE[state, event]
+    after = dict(counts)
+    if event in CAPS and not spent:
+        after[event] = after.get(event, 0) + 1
+    for reset in RESETS.get((state, event), ()):
+        after[reset] = 0
+    return target, after
 
 
 def _moves(state: str) -> list[tuple[str, str | None, str]]:
@@ -102,6 +145,8 @@ def test_states_and_events_are_the_specs_in_order() -> None:
 
 def test_initial_and_terminal_states() -> None:
     assert machine.INITIAL is machine.State(INITIAL)
+    assert machine.INITIALS == {machine.State(s) for s in INITIALS}
+    assert machine.PURGEABLE == {machine.State(s) for s in PURGEABLE}
     assert machine.TERMINAL == {machine.State(s) for s in TERMINALS}
 
 
@@ -203,11 +248,13 @@ def _module_edges() -> list[tuple[str, str]]:
     return edges
 
 
-def test_every_state_is_reachable_from_the_initial_one() -> None:
+def test_every_state_is_reachable_from_an_initial_one() -> None:
     forward: dict[str, set[str]] = collections.defaultdict(set)
     for state, target in _module_edges():
         forward[state].add(target)
-    assert _reachable({machine.INITIAL.value}, forward) == set(STATES)
+    for (state, _event), (otherwise, _budget) in OTHERWISE.items():
+        forward[state].add(otherwise)
+    assert _reachable(set(INITIALS), forward) == set(STATES)
 
 
 def test_a_terminal_state_is_reachable_from_every_state() -> None:
@@ -296,8 +343,12 @@ class Database:
             options=f"-c search_path={self.schema} -c lock_timeout=10s",
         )
 
-    def new_row(self, conn: typing.Any) -> typing.Any:
-        return conn.execute(f"INSERT INTO {SQL_TABLE} DEFAULT VALUES RETURNING id").fetchone()[0]
+    def new_row(self, conn: typing.Any, state: str = INITIAL) -> typing.Any:
+        """A new row, born in `state` (an initial state; the default one unless given)."""
+        if state == INITIAL:
+            return conn.execute(f"INSERT INTO {SQL_TABLE} DEFAULT VALUES RETURNING id").fetchone()[0]
+        sql = f"INSERT INTO {SQL_TABLE} (state) VALUES (%s) RETURNING id"
+        return conn.execute(sql, (state,)).fetchone()[0]
 
     def row(self, conn: typing.Any, row_id: typing.Any) -> tuple[str, int]:
         sql = f"SELECT state, state_version FROM {SQL_TABLE} WHERE id = %s"
@@ -305,10 +356,12 @@ class Database:
         return str(state), int(version)
 
     def row_in(self, conn: typing.Any, state: str) -> tuple[typing.Any, int]:
-        """A new row moved to `state` through the module's transition(), committed."""
-        path = _walk(INITIAL, {state})
-        assert path is not None, f"{state!r} is unreachable"
-        row_id = self.new_row(conn)
+        """A new row moved to `state` through the module's transition(), committed: born
+        in the initial state with the shortest way there."""
+        ways = [(len(p), born, p) for born in INITIALS if (p := _walk(born, {state})) is not None]
+        assert ways, f"{state!r} is unreachable"
+        _, born, path = min(ways)
+        row_id = self.new_row(conn, born)
         version = self.walk(conn, row_id, 0, path)
         conn.commit()
         return row_id, version
@@ -383,17 +436,34 @@ def _refused(conn: typing.Any, sql: str, params: tuple[typing.Any, ...] = ()) ->
     return typing.cast(str | None, getattr(raised.value, "sqlstate", None))
 
 
-def test_db_rows_are_born_in_the_initial_state_only(db: Database) -> None:
+def test_db_rows_are_born_in_an_initial_state_only(db: Database) -> None:
     with db.connect() as conn:
         row_id = db.new_row(conn)
         assert db.row(conn, row_id) == (INITIAL, 0)
+        for born in sorted(INITIALS):
+            assert db.row(conn, db.new_row(conn, born)) == (born, 0)
         conn.commit()
         for state in STATES:
-            if state != INITIAL:
+            if state not in INITIALS:
                 sql = f"UPDATE {SQL_TABLE} SET state = %s, state_version = 0 WHERE id = %s"
                 assert _refused(conn, sql, (state, row_id)) is not None
                 sql = f"INSERT INTO {SQL_TABLE} (state) VALUES (%s)"
                 assert _refused(conn, sql, (state,)) == BYPASS_WRITE
+
+
+def test_db_purge_deletes_rows_in_purgeable_states_only(db: Database) -> None:
+    # One committed row in every state; purge, in a transaction rolled back after,
+    # must delete exactly the purgeable ones (each with its history) and keep the rest.
+    with db.connect() as conn:
+        rows = {state: db.row_in(conn, state)[0] for state in STATES}
+        deleted = fsm.purge(
+            conn, older_than=datetime.timedelta(microseconds=1), limit=1_000_000, schema=db.schema
+        )
+        sql = f"SELECT id FROM {SQL_TABLE} WHERE id = ANY (%s)"
+        left = {row[0] for row in conn.execute(sql, (list(rows.values()),)).fetchall()}
+        conn.rollback()
+    assert {s for s, row_id in rows.items() if row_id not in left} == PURGEABLE
+    assert deleted >= len(PURGEABLE)
 
 
 def test_db_the_application_cannot_rewrite_an_id_or_choose_a_time(db: Database) -> None:
@@ -474,6 +544,7 @@ def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database)
 
 def test_db_illegal_writes_are_refused(db: Database) -> None:
     pairs = {(state, target) for state in STATES for _event, _to, target in _moves(state)}
+    pairs |= {(state, otherwise) for (state, _event), (otherwise, _budget) in OTHERWISE.items()}
     move = f"UPDATE {SQL_TABLE} SET state = %s, state_version = state_version + %s WHERE id = %s"
     with db.connect() as conn:
         for state in STATES:
@@ -549,13 +620,12 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
         rows = [db.new_row(conn) for _ in range(10)]
         for row_id in rows:
             state, version = INITIAL, 0
-            fired: collections.Counter[str] = collections.Counter()
+            counts: dict[str, int] = {}
             for _ in range(rng.randrange(12)):
-                moves = [m for m in _moves(state) if m[0] not in CAPS or fired[m[0]] < CAPS[m[0]]]
+                moves = [(m, f) for m in _moves(state) if (f := _fire(state, m[0], m[1], counts)) is not None]
                 if not moves:
                     break
-                event, to, state = rng.choice(moves)
-                fired[event] += 1
+                (event, to, _target), (state, counts) = rng.choice(moves)
                 version = fsm.transition(
                     conn, row_id, event, expected_version=version, actor="test", to=to, schema=db.schema
                 ) or -1
@@ -567,6 +637,7 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
             state, version = INITIAL, 0
             for at, from_state, event, to_state in conn.execute(sql, (row_id,)).fetchall():
                 assert (at, from_state) == (version + 1, state)
-                assert to_state in {t for e, _to, t in _moves(from_state) if e == event}
+                spent = OTHERWISE.get((from_state, event), ("",))[0]
+                assert to_state in {t for e, _to, t in _moves(from_state) if e == event} | {spent}
                 state, version = to_state, at
             assert db.row(conn, row_id) == (state, version)

@@ -29,6 +29,8 @@ __all__ = [
     "CAPS",
     "CHOICES",
     "INITIAL",
+    "INITIALS",
+    "PURGEABLE",
     "SCHEMA",
     "TERMINAL",
     "TRANSITIONS",
@@ -124,6 +126,20 @@ EventName: typing.TypeAlias = typing.Literal[
 """An event's name as a string, where an Event is taken: a misspelled one fails type checking."""
 
 INITIAL: typing.Final[State] = State.INCOMPLETE
+"""The state a new subscription is born in unless it is given one of INITIALS."""
+INITIALS: typing.Final[frozenset[State]] = frozenset(
+    {
+        State.INCOMPLETE,
+    }
+)
+"""Every state a subscription may be born in (INITIAL among them)."""
+PURGEABLE: typing.Final[frozenset[State]] = frozenset(
+    {
+        State.INCOMPLETE_EXPIRED,
+        State.CANCELED,
+    }
+)
+"""The states whose rows purge() may delete, each with its history."""
 TERMINAL: typing.Final[frozenset[State]] = frozenset(
     {
         State.INCOMPLETE_EXPIRED,
@@ -689,8 +705,9 @@ def _value(state: State | None) -> str | None:
 def purge(
     conn: Connection, *, older_than: datetime.timedelta, limit: int, schema: str = SCHEMA
 ) -> int:
-    """Delete up to `limit` rows terminal for longer than `older_than`, each with its
-    whole history, oldest first (subscription_purge); the count deleted."""
+    """Delete up to `limit` rows that have rested in a PURGEABLE state for longer than
+    `older_than`, each with its whole history, oldest first (subscription_purge);
+    the count deleted."""
     cursor = conn.cursor()
     try:
         cursor.execute(_sql(schema).purge, (older_than, limit))

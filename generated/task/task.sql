@@ -561,8 +561,9 @@ BEGIN
                                         task_purge.older_than, pg_catalog.now() OPERATOR(pg_catalog.-) task_purge.older_than),
             HINT = 'pass how long a row must have rested in a purgeable state, e.g. interval ''30 days''';
     END IF;
-    -- Terminal rows only, entered strictly before now() - older_than: a row that reached
-    -- its terminal in this very transaction is never purged under the event it just got.
+    -- Rows in a purgeable state only (the terminals, unless the spec lists purgeable),
+    -- entered strictly before now() - older_than: a row that got there in this very
+    -- transaction is never purged under the event it just got.
     -- SKIP LOCKED: a row someone holds is left for the next batch.
     SELECT pg_catalog.array_agg(d.id) INTO v_ids
     FROM (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import dataclasses
+import datetime
 import importlib
 import importlib.util
 import os
@@ -73,7 +74,18 @@ EVENTS: tuple[str, ...] = (
     "expire",
 )
 INITIAL = "new"
+INITIALS: frozenset[str] = frozenset(
+    {
+        "new",
+    }
+)
 TERMINALS: frozenset[str] = frozenset(
+    {
+        "done",
+        "dead",
+    }
+)
+PURGEABLE: frozenset[str] = frozenset(
     {
         "done",
         "dead",
@@ -96,6 +108,37 @@ CAPS: dict[str, int] = {
 }
 
 
+OTHERWISE: dict[tuple[str, str], tuple[str, str]] = {}
+RESETS: dict[tuple[str, str], frozenset[str]] = {}
+PER_ROW_CAPS: dict[str, int] = {}
+
+
+_TARGET_SET: frozenset[tuple[str, str, str]] = frozenset(
+    {(s, e, t) for (s, e), t in TABLE.items()} | {(s, e, t) for (s, e), ts in CHOICES.items() for t in ts}
+)
+
+
+def _fire(
+    state: str, event: str, to: str | None, counts: dict[str, int]
+) -> tuple[str, dict[str, int]] | None:
+    """Where the spec sends a row in `state` whose counts are `counts` (each row at
+    its default caps) on `event` (to `to`), and its counts after; None if refused."""
+    rescue = OTHERWISE.get((state, event))
+    spent = rescue is not None and counts.get(rescue[1], 0) >= CAPS[rescue[1]]
+    if rescue is not None and spent:
+        target = rescue[0]
+    elif event in CAPS and counts.get(event, 0) >= CAPS[event]:
+        return None
+    else:
+        target = to if to is not None else TABLE[state, event]
+    after = dict(counts)
+    if event in CAPS and not spent:
+        after[event] = after.get(event, 0) + 1
+    for reset in RESETS.get((state, event), ()):
+        after[reset] = 0
+    return target, after
+
+
 def _moves(state: str) -> list[tuple[str, str | None, str]]:
     """(event, to, target) for every way out of `state`; `to` is None unless a choice."""
     out: list[tuple[str, str | None, str]] = [
@@ -114,6 +157,8 @@ def test_states_and_events_are_the_specs_in_order() -> None:
 
 def test_initial_and_terminal_states() -> None:
     assert machine.INITIAL is machine.State(INITIAL)
+    assert machine.INITIALS == {machine.State(s) for s in INITIALS}
+    assert machine.PURGEABLE == {machine.State(s) for s in PURGEABLE}
     assert machine.TERMINAL == {machine.State(s) for s in TERMINALS}
 
 
@@ -215,11 +260,13 @@ def _module_edges() -> list[tuple[str, str]]:
     return edges
 
 
-def test_every_state_is_reachable_from_the_initial_one() -> None:
+def test_every_state_is_reachable_from_an_initial_one() -> None:
     forward: dict[str, set[str]] = collections.defaultdict(set)
     for state, target in _module_edges():
         forward[state].add(target)
-    assert _reachable({machine.INITIAL.value}, forward) == set(STATES)
+    for (state, _event), (otherwise, _budget) in OTHERWISE.items():
+        forward[state].add(otherwise)
+    assert _reachable(set(INITIALS), forward) == set(STATES)
 
 
 def test_a_terminal_state_is_reachable_from_every_state() -> None:
@@ -246,7 +293,8 @@ def test_every_cap_is_refused_one_past_its_limit() -> None:
         field = f"{event}_count"
         sources = [(s, to) for s in STATES for e, to, _t in _moves(s) if e == event]
         assert sources, event
-        for state, to in sources:
+        # (Where its own spent budget has an otherwise, the move goes there instead.)
+        for state, to in (p for p in sources if OTHERWISE.get((p[0], event), ("", ""))[1] != event):
             last = fsm.Task("id-1", machine.State(state), 7, **{field: cap - 1})
             moved = last.apply(event, to)
             assert (getattr(moved, field), moved.version) == (cap, 8)
@@ -266,9 +314,27 @@ def test_only_its_own_event_moves_a_count() -> None:
             break
         event, to, _target = moves[0]
         before = {e: getattr(item, f"{e}_count") for e in CAPS}
+        fired = _fire(item.state.value, event, to, before)
+        assert fired is not None
         item = item.apply(event, to)
         after = {e: getattr(item, f"{e}_count") for e in CAPS}
-        assert after == {e: n + (e == event) for e, n in before.items()}
+        assert (item.state.value, after) == fired
+
+
+def test_the_budgets_are_the_specs() -> None:
+    otherwise = getattr(machine, "_OTHERWISE", {})
+    assert {(s.value, e.value): (o[0].value, o[1]) for (s, e), o in otherwise.items()} == {
+        pair: (target, f"{budget}_count") for pair, (target, budget) in OTHERWISE.items()
+    }
+    resets = getattr(machine, "_RESETS", {})
+    assert {(s.value, e.value): {x.value for x in xs} for (s, e), xs in resets.items()} == RESETS
+    assert {e: f.default for e in CAPS if (f := _fields().get(f"{e}_cap"))} == {
+        e: CAPS[e] for e in PER_ROW_CAPS
+    }
+
+
+def _fields() -> dict[str, typing.Any]:
+    return {f.name: f for f in dataclasses.fields(machine.Task)}
 
 
 def test_illegal_transition_survives_pickling() -> None:
@@ -341,9 +407,10 @@ class Database:
             options=f"-c search_path={self.schema} -c lock_timeout=10s",
         )
 
-    def new_row(self, conn: typing.Any) -> typing.Any:
-        sql = f"INSERT INTO {SQL_TABLE} (id) VALUES (%s) RETURNING id"
-        return conn.execute(sql, (f"id-{uuid.uuid4().hex}",)).fetchone()[0]
+    def new_row(self, conn: typing.Any, state: str = INITIAL) -> typing.Any:
+        """A new row, born in `state` (an initial state; the default one unless given)."""
+        sql = f"INSERT INTO {SQL_TABLE} (id, state) VALUES (%s, %s) RETURNING id"
+        return conn.execute(sql, (f"id-{uuid.uuid4().hex}", state)).fetchone()[0]
 
     def row(self, conn: typing.Any, row_id: typing.Any) -> tuple[str, int]:
         sql = f"SELECT state, state_version FROM {SQL_TABLE} WHERE id = %s"
@@ -351,10 +418,12 @@ class Database:
         return str(state), int(version)
 
     def row_in(self, conn: typing.Any, state: str) -> tuple[typing.Any, int]:
-        """A new row moved to `state` through the module's transition(), committed."""
-        path = _walk(INITIAL, {state})
-        assert path is not None, f"{state!r} is unreachable"
-        row_id = self.new_row(conn)
+        """A new row moved to `state` through the module's transition(), committed: born
+        in the initial state with the shortest way there."""
+        ways = [(len(p), born, p) for born in INITIALS if (p := _walk(born, {state})) is not None]
+        assert ways, f"{state!r} is unreachable"
+        _, born, path = min(ways)
+        row_id = self.new_row(conn, born)
         version = self.walk(conn, row_id, 0, path)
         conn.commit()
         return row_id, version
@@ -429,17 +498,34 @@ def _refused(conn: typing.Any, sql: str, params: tuple[typing.Any, ...] = ()) ->
     return typing.cast(str | None, getattr(raised.value, "sqlstate", None))
 
 
-def test_db_rows_are_born_in_the_initial_state_only(db: Database) -> None:
+def test_db_rows_are_born_in_an_initial_state_only(db: Database) -> None:
     with db.connect() as conn:
         row_id = db.new_row(conn)
         assert db.row(conn, row_id) == (INITIAL, 0)
+        for born in sorted(INITIALS):
+            assert db.row(conn, db.new_row(conn, born)) == (born, 0)
         conn.commit()
         for state in STATES:
-            if state != INITIAL:
+            if state not in INITIALS:
                 sql = f"UPDATE {SQL_TABLE} SET state = %s, state_version = 0 WHERE id = %s"
                 assert _refused(conn, sql, (state, row_id)) is not None
                 sql = f"INSERT INTO {SQL_TABLE} (id, state) VALUES ('born-elsewhere', %s)"
                 assert _refused(conn, sql, (state,)) == BYPASS_WRITE
+
+
+def test_db_purge_deletes_rows_in_purgeable_states_only(db: Database) -> None:
+    # One committed row in every state; purge, in a transaction rolled back after,
+    # must delete exactly the purgeable ones (each with its history) and keep the rest.
+    with db.connect() as conn:
+        rows = {state: db.row_in(conn, state)[0] for state in STATES}
+        deleted = fsm.purge(
+            conn, older_than=datetime.timedelta(microseconds=1), limit=1_000_000, schema=db.schema
+        )
+        sql = f"SELECT id FROM {SQL_TABLE} WHERE id = ANY (%s)"
+        left = {row[0] for row in conn.execute(sql, (list(rows.values()),)).fetchall()}
+        conn.rollback()
+    assert {s for s, row_id in rows.items() if row_id not in left} == PURGEABLE
+    assert deleted >= len(PURGEABLE)
 
 
 def test_db_the_application_cannot_rewrite_an_id_or_choose_a_time(db: Database) -> None:
@@ -520,6 +606,7 @@ def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database)
 
 def test_db_illegal_writes_are_refused(db: Database) -> None:
     pairs = {(state, target) for state in STATES for _event, _to, target in _moves(state)}
+    pairs |= {(state, otherwise) for (state, _event), (otherwise, _budget) in OTHERWISE.items()}
     move = f"UPDATE {SQL_TABLE} SET state = %s, state_version = state_version + %s WHERE id = %s"
     with db.connect() as conn:
         for state in STATES:
@@ -595,13 +682,12 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
         rows = [db.new_row(conn) for _ in range(10)]
         for row_id in rows:
             state, version = INITIAL, 0
-            fired: collections.Counter[str] = collections.Counter()
+            counts: dict[str, int] = {}
             for _ in range(rng.randrange(12)):
-                moves = [m for m in _moves(state) if m[0] not in CAPS or fired[m[0]] < CAPS[m[0]]]
+                moves = [(m, f) for m in _moves(state) if (f := _fire(state, m[0], m[1], counts)) is not None]
                 if not moves:
                     break
-                event, to, state = rng.choice(moves)
-                fired[event] += 1
+                (event, to, _target), (state, counts) = rng.choice(moves)
                 version = fsm.transition(
                     conn, row_id, event, expected_version=version, actor="test", to=to, schema=db.schema
                 ) or -1
@@ -613,7 +699,8 @@ def test_db_the_event_log_replays_to_every_row(db: Database) -> None:
             state, version = INITIAL, 0
             for at, from_state, event, to_state in conn.execute(sql, (row_id,)).fetchall():
                 assert (at, from_state) == (version + 1, state)
-                assert to_state in {t for e, _to, t in _moves(from_state) if e == event}
+                spent = OTHERWISE.get((from_state, event), ("",))[0]
+                assert to_state in {t for e, _to, t in _moves(from_state) if e == event} | {spent}
                 state, version = to_state, at
             assert db.row(conn, row_id) == (state, version)
 
@@ -627,8 +714,9 @@ _CAP_WALK_LIMIT = 50
 def _spend(db: Database, conn: typing.Any, event: str, cap: int) -> tuple[typing.Any, int, str]:
     """A committed row in a source state of `event` that has fired it `cap` times:
     (id, version, state)."""
-    sources = {s for s in STATES for e, _to, _t in _moves(s) if e == event}
-    if cap <= _CAP_WALK_LIMIT:
+    # (Not where its own spent budget has an otherwise: the move goes there instead.)
+    sources = {s for s in STATES for e, _to, _t in _moves(s) if e == event and OTHERWISE.get((s, e), ("", ""))[1] != e}
+    if cap <= _CAP_WALK_LIMIT and not OTHERWISE and not RESETS:
         row_id, version, state = db.new_row(conn), 0, INITIAL
         for fired in range(cap + 1):
             back = _walk(state, sources)
@@ -667,6 +755,8 @@ def _walk_end(state: str, moves: list[tuple[str, str | None]]) -> str:
 def test_db_every_cap_is_refused_one_past_its_limit(db: Database) -> None:
     with db.connect() as conn:
         for event, cap in CAPS.items():
+            if not any(e == event and OTHERWISE.get((s, e), ("", ""))[1] != e for s in STATES for e, _to, _t in _moves(s)):
+                continue  # wherever it fires, its spent budget has an otherwise (tested below)
             column = f"{event}_count"
             row_id, version, state = _spend(db, conn, event, cap)
             sql = f"SELECT {column} FROM {SQL_TABLE} WHERE id = %s"

@@ -11,7 +11,7 @@ What the file builds, and why it is shaped so:
 
 - T (the machine's table): `state` is `text` with a CHECK over the declared states,
   never an ENUM (an enum value can never be dropped; a CHECK can be replaced).
-  A BEFORE INSERT trigger refuses a row born anywhere but the initial state at
+  A BEFORE INSERT trigger refuses a row born anywhere but an initial state at
   version 0. An AFTER UPDATE trigger (BEFORE for a machine with caps, so that a
   move past a cap gets its own SQLSTATE before the count's CHECK), which fires only for an UPDATE that sets
   `state`, `state_version` or a count (`UPDATE OF`: heartbeat writes never reach it,
@@ -140,7 +140,15 @@ from fsmc.targets.postgres.model import (
     Trigger,
     View,
 )
-from fsmc.targets.postgres.names import Names, Quoted, count_check, count_column, domain_names
+from fsmc.targets.postgres.names import (
+    Names,
+    Quoted,
+    cap_check,
+    cap_column,
+    count_check,
+    count_column,
+    domain_names,
+)
 from fsmc.targets.sqlstate import Codes
 from fsmc.templating import as_variables, environment, render
 
@@ -165,8 +173,11 @@ class LeaseContext:
 class CapContext:
     event: str
     column: str  # `<event>_count`, as SQL spells it
-    limit: int
+    limit: int  # the cap; for a cap per row (1.2), the default a row gets
     pair_declared: str  # (OLD.state, NEW.state) is one of the event's edges
+    cap_column: str = ""  # 1.2: the row's own cap (`<event>_cap`, as SQL spells it), or ""
+    reset_pairs: str = ""  # 1.2: (OLD.state, NEW.state) is a move that gives this budget back, or ""
+    most: int = 0  # 1.2: the largest cap a row may have (for a cap per row)
 
 
 @dataclass(frozen=True)
@@ -184,7 +195,7 @@ class ClaimContext:
 
 @dataclass(frozen=True)
 class PurgeContext:
-    in_terminal: str
+    in_purgeable: str
     index_predicate: str
 
 
@@ -194,7 +205,8 @@ class BodyContext:
 
     machine: str
     n: Quoted
-    initial: str
+    born_elsewhere: str  # NEW.state is none of the initial states
+    born_in: str  # where a row is born, as the refusal says it
     by_state: list[tuple[str, list[tuple[str, str]]]]  # (state, [(event, its targets as text[])])
     event_declared: str
     state_terminal: str
@@ -209,6 +221,7 @@ class BodyContext:
     purging: PurgeContext
     caps: list[CapContext]
     moves: str  # `_apply`'s table of moves, a jsonb constant (`moves_jsonb`)
+    budgets: bool  # 1.2: some move has an `otherwise` or a `reset`, which `moves` holds
     digest: str  # the machine's digest, which a body checks is still the schema's
 
 
@@ -291,13 +304,21 @@ def build(machine: Machine) -> Build:
             Column("entered_at", "timestamptz", not_null=True, default="pg_catalog.now()"),
             *(claim if m.lease else ()),
             *(Column(cap.column, "integer", not_null=True, default="0") for cap in c.caps),
+            *(Column(cap.cap_column, "integer", not_null=True, default=str(cap.limit))
+              for cap in c.caps if cap.cap_column),  # fmt: skip
         ),
         constraints=(
             Constraint(n.table_pkey, "PRIMARY KEY (id)"),
             state_domain.check_of(n.state_check, "state"),
             *(
-                Constraint.of_check(sql_ident(count_check(m, cap.event)), f"{cap.column} BETWEEN 0 AND {cap.limit}")
+                Constraint.of_check(sql_ident(count_check(m, cap.event)),
+                                    f"{cap.column} BETWEEN 0 AND {cap.most or cap.limit}")  # fmt: skip
                 for cap in c.caps
+            ),
+            *(
+                Constraint.of_check(sql_ident(cap_check(m, cap.event)), f"{cap.cap_column} BETWEEN 0 AND {cap.most}")
+                for cap in c.caps
+                if cap.cap_column
             ),
         ),
         options=(("fillfactor", "90"),) if m.lease else (),
@@ -396,7 +417,7 @@ def build(machine: Machine) -> Build:
 
     born_elsewhere = " OR ".join(
         [
-            f"NEW.state IS DISTINCT FROM {sql_str(str(m.initial))}",
+            _born_elsewhere(m),
             "NEW.state_version IS DISTINCT FROM 0",
             *(f"NEW.{cap.column} IS DISTINCT FROM 0" for cap in c.caps),
         ]
@@ -404,7 +425,8 @@ def build(machine: Machine) -> Build:
     # A trigger's checks are for writes the writer role's functions did not make: those
     # moved the row along the spec and logged it in the same statement sequence.
     # The functions return at once for a write that sets these columns to what they were.
-    moved = "UPDATE OF " + ", ".join(["state", "state_version", *(cap.column for cap in c.caps)])
+    moved = "UPDATE OF " + ", ".join(["state", "state_version", *(cap.column for cap in c.caps),
+                                      *(cap.cap_column for cap in c.caps if cap.cap_column)])  # fmt: skip
     triggers = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
         Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
@@ -447,6 +469,18 @@ _SEQSCAN_OFF = (("enable_seqscan", "off"),)
 _WRITER = ("SECURITY DEFINER",)
 
 
+def _reset_pairs(m: Machine, event: str) -> str:
+    """(OLD.state, NEW.state) is the move of a transition that resets `event`'s budget."""
+    pairs = list(dict.fromkeys(joined(s, t) for (s, e), events in m.resets.items() if event in events
+                               for t in m.targets[s, e]))  # fmt: skip
+    return sql_any("(OLD.state || ' ' || NEW.state)", pairs) if pairs else ""
+
+
+def _born_elsewhere(m: Machine) -> str:
+    """NEW.state is none of the states a row may be born in."""
+    return " AND ".join(f"NEW.state IS DISTINCT FROM {sql_str(s)}" for s in m.initial_names)
+
+
 def spec_domains(m: Machine, triples_hash: str) -> tuple[Domain, Domain]:
     """The domains holding the spec's states (keys of a jsonb) and its moves (from,
     event, to: paths through nested objects), which the two tables' CHECKs cast to.
@@ -459,7 +493,8 @@ def spec_domains(m: Machine, triples_hash: str) -> tuple[Domain, Domain]:
     (state, state_check), (moves, moves_check) = domain_names(m, short_hash(states), triples_hash)
     return (
         Domain(sql_ident(state), "text", sql_ident(state_check), sql_jsonb_keys(states), comments.DOMAINS),
-        Domain(sql_ident(moves), "text[]", sql_ident(moves_check), sql_jsonb_paths(m.edges), paths=True),
+        Domain(sql_ident(moves), "text[]", sql_ident(moves_check), sql_jsonb_paths(facts.logged_moves(m)),
+               paths=True),  # fmt: skip
     )
 
 
@@ -470,6 +505,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
     claimable = [s for s in states if s not in m.terminal_names and s not in leased]
     unclaimable = [s for s in states if s not in claimable]
     terminals = list(m.terminals_in_order)
+    purgeable = list(m.purgeable_names)
     lease = None
     if m.lease is not None:
         held = facts.lease_states(m)
@@ -486,7 +522,11 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
     return BodyContext(
         machine=str(m.name),
         n=n,
-        initial=str(m.initial),
+        born_elsewhere=_born_elsewhere(m),
+        born_in=(
+            f'state "{m.initial}"' if len(m.initial_names) == 1
+            else "one of the states " + ", ".join(f'"{s}"' for s in m.initial_names)
+        ),  # fmt: skip
         by_state=[
             (source, [(event, targets_array(m.targets[source, event])) for event in dict.fromkeys(e for e, _ in moves)])
             for source, moves in facts.by_state(m)
@@ -508,10 +548,11 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
             index_predicate=sql_among("state", claimable, unclaimable),
         ),
         purging=PurgeContext(
-            in_terminal=sql_among("t.state", terminals, [s for s in states if s not in terminals]),
-            index_predicate=sql_among("state", terminals, [s for s in states if s not in terminals]),
+            in_purgeable=sql_among("t.state", purgeable, [s for s in states if s not in purgeable]),
+            index_predicate=sql_among("state", purgeable, [s for s in states if s not in purgeable]),
         ),
         moves=moves_jsonb(m),
+        budgets=bool(m.otherwise or m.resets),
         digest=machine_digest(m),
         caps=[
             CapContext(
@@ -522,6 +563,9 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
                     "(OLD.state || ' ' || NEW.state)",
                     dict.fromkeys(joined(s, t) for s, e, t in m.edges if e == event),
                 ),
+                cap_column=sql_ident(cap_column(event)) if event in m.per_row_caps else "",
+                reset_pairs=_reset_pairs(m, event),
+                most=m.per_row_caps.get(event, 0),
             )
             for event, limit in m.cap_limits.items()
         ],

@@ -41,7 +41,7 @@ def joined(*names: str) -> str:
 def triples(m: Machine) -> list[str]:
     """The spec's (from, event, to) triples, each as one text, sorted (what the
     domains of formats 3 to 5 are named after)."""
-    return sorted(joined(*e) for e in m.edges)
+    return sorted(joined(*e) for e in facts.logged_moves(m))
 
 
 def sql_in(expression: str, values: Iterable[str]) -> str:
@@ -146,6 +146,7 @@ def moves_jsonb(m: Machine) -> str:
     held = set(facts.lease_states(m))
     single: dict[str, str] = {}
     targets: dict[str, str] = {}  # key -> its `t` object's members, as JSON text
+    budgets = _budget_members(m, held)
     for s, e, t in m.edges:
         key = f"{s} {e}"  # joined(s, e)
         member = f'{_json_name(t)}: "{facts.change_of(s in held, t in held).value}"'
@@ -156,10 +157,25 @@ def moves_jsonb(m: Machine) -> str:
             if (s, e) not in m.choices:
                 single[key] = t
     pairs = (
-        f"{_json_name(key)}: {{" + (f'"s": {_json_name(single[key])}, ' if key in single else "") + f'"t": {{{to}}}}}'
+        f"{_json_name(key)}: {{" + (f'"s": {_json_name(single[key])}, ' if key in single else "") + f'"t": {{{to}}}'
+        + budgets.get(key, "") + "}"
         for key, to in targets.items()
     )
     return sql_str("{" + ", ".join(pairs) + "}") + "::pg_catalog.jsonb"
+
+
+def _budget_members(m: Machine, held: set[str]) -> dict[str, str]:
+    """1.2's further members of a move (as JSON text, each after a comma): where a
+    spent budget sends the row (`o`), with its lease change (`ol`) and the event
+    whose budget it is (`b`); and the events whose budgets the move gives back (`r`)."""
+    out: dict[str, str] = {}
+    for (s, e), (to, budget) in m.otherwise.items():
+        change = facts.change_of(s in held, to in held).value
+        out[f"{s} {e}"] = f', "o": {_json_name(to)}, "ol": "{change}", "b": {_json_name(budget)}'
+    for (s, e), events in m.resets.items():
+        key = f"{s} {e}"
+        out[key] = out.get(key, "") + ', "r": [' + ", ".join(map(_json_name, events)) + "]"
+    return out
 
 
 def sources_jsonb(m: Machine) -> str:

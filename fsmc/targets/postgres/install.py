@@ -40,7 +40,7 @@ import jinja2
 from fsmc.escape import sql_ident
 from fsmc.model import Machine
 from fsmc.targets.postgres.encode import pg_text_array
-from fsmc.targets.postgres.names import Names, Quoted, count_column
+from fsmc.targets.postgres.names import Names, Quoted, cap_column, count_column
 from fsmc.templating import as_variables, environment
 
 
@@ -105,9 +105,11 @@ def app_writes(machine: Machine, n: Names) -> tuple[str, str]:
     caller can forge history, dwell times, leases or retention. Grants cost nothing
     per statement; a trigger checking the same would cost every write."""
     counts = [sql_ident(count_column(e)) for e in machine.cap_limits]
+    # 1.2: a row's own cap is chosen when it is inserted (the CHECK bounds it), then fixed.
+    caps = [sql_ident(cap_column(e)) for e in machine.per_row_caps]
     logged = [n.sql.id_column, "version", "from_state", "event", "to_state", "actor", "payload"]
     return (
-        f"INSERT (id, state), UPDATE ({', '.join(['state', 'state_version', *counts])})",
+        f"INSERT ({', '.join(['id', 'state', *caps])}), UPDATE ({', '.join(['state', 'state_version', *counts])})",
         f"INSERT ({', '.join(logged)})",
     )
 

@@ -134,6 +134,16 @@ def count_column(event: str) -> str:
     return sql_name(event, "count")
 
 
+def cap_column(event: str) -> str:
+    """The column holding a row's own cap of an event capped per row (1.2): `<event>_cap` (raw)."""
+    return sql_name(event, "cap")
+
+
+def cap_check(machine: Machine, event: str) -> str:
+    """The CHECK that keeps a row's own cap within 0..max (raw)."""
+    return sql_name(str(machine.postgres.table), event, "cap_check")
+
+
 def count_check(machine: Machine, event: str) -> str:
     """The CHECK that keeps a capped event's count within 0..cap (raw)."""
     return sql_name(str(machine.postgres.table), event, "count_check")
