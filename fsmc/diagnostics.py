@@ -64,8 +64,9 @@ LEASE_RECLAIM = Code("lease-reclaim", "error", "a lease state has no transition 
 CAP_TRAP = Code(
     "cap-trap", "error", "every way out of a non-terminal state is a capped event"
 )
+TIMER_CONFLICT = Code("timer-conflict", "error", "a state has more than one timed transition out")
 UNCAPPED_BUDGET = Code(
-    "uncapped-budget", "error", "an `otherwise`, a `spent` or a `reset` relies on an event that is not capped"
+    "uncapped-budget", "error", "a backoff, an `otherwise`, a `spent` or a `reset` relies on an event that is not capped"
 )
 UNUSED_EVENT = Code("unused-event", "warning", "a declared event is used by no transition")
 
@@ -75,7 +76,7 @@ CODES: dict[str, Code] = {
     for c in (
         YAML_SYNTAX, DUPLICATE_KEY, SCHEMA, LIMIT, BAD_NAME, DUPLICATE_NAME, UNKNOWN_STATE,
         UNKNOWN_EVENT, DUPLICATE_TRANSITION, UNREACHABLE_STATE, TERMINAL_EXIT, DEAD_END,
-        TRAP, LEASE_RECLAIM, CAP_TRAP, UNCAPPED_BUDGET, UNUSED_EVENT,
+        TRAP, LEASE_RECLAIM, CAP_TRAP, TIMER_CONFLICT, UNCAPPED_BUDGET, UNUSED_EVENT,
     )
 }  # fmt: skip
 BLOCKS_GRAPH: frozenset[str] = frozenset(c for c in CODES.values() if c.blocks_graph)

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from fsmc.model import Declaration, Machine
+from fsmc.model import Declaration, Machine, Timer
 
 K = TypeVar("K", str, tuple[str, str])
 
@@ -410,6 +410,10 @@ def _budget_options(old: Machine, new: Machine) -> list[Option]:
             out.append(Option(f"{s}.{e}.otherwise", was and was[0], now and now[0], True))
         elif was and now and was[1] != now[1]:
             out.append(Option(f"{s}.{e}.spent", was[1], now[1], True))
+        wait, now_wait = old.timers.get((s, e)), new.timers.get((s, e))
+        if wait != now_wait and (wait is None or now_wait is None or wait.describe() != now_wait.describe()):
+            out.append(Option(f"{s}.{e}.after", None if wait is None else wait.describe(),
+                              None if now_wait is None else now_wait.describe(), _longer(wait, now_wait)))  # fmt: skip
         before, after = set(old.resets.get((s, e), ())), set(new.resets.get((s, e), ()))
         if before != after:
             out.append(Option(f"{s}.{e}.reset", ", ".join(old.resets.get((s, e), ())) or None,
@@ -434,6 +438,17 @@ def _set_options(old: Machine, new: Machine) -> list[Option]:
             out.append(Option("purgeable", ", ".join(old.purgeable_names),
                               ", ".join(new.purgeable_names), bool(now - was)))  # fmt: skip
     return out
+
+
+def _longer(old: Timer | None, new: Timer | None) -> bool:
+    """A new wait, or a longer one (at start or at most), or one of another kind, is
+    breaking: callers that fired the event at will now meet NotDue. A wait removed or
+    shortened only lets rows go sooner."""
+    if new is None:
+        return False
+    if old is None or old.kind != new.kind:
+        return True
+    return new.ms > old.ms or new.most_ms > old.most_ms or new.factor > old.factor
 
 
 def _descriptions(old: Machine, new: Machine) -> Descriptions:

@@ -77,6 +77,8 @@ def canonical(machine: Machine) -> str:
         facts["otherwise"] = sorted([s, e, to, budget] for (s, e), (to, budget) in m.otherwise.items())
     if m.resets:
         facts["resets"] = sorted([s, e, sorted(events)] for (s, e), events in m.resets.items())
+    if m.timers:
+        facts["timers"] = sorted([s, e, t.kind, t.ms, t.factor, t.most_ms] for (s, e), t in m.timers.items())
     return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

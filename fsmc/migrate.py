@@ -136,6 +136,7 @@ from fsmc.escape import SQL_NAME_MAX, sql_ident
 from fsmc.model import Machine
 from fsmc.targets.common import migration_header
 from fsmc.targets.postgres.build import Build, build
+from fsmc.targets.postgres.encode import due_from_entry
 from fsmc.targets.postgres.formats import upgrade_format
 from fsmc.targets.postgres.install import app_writes, callable_functions
 from fsmc.targets.postgres.model import Schema, Table
@@ -165,11 +166,13 @@ from fsmc.targets.postgres.operations import (
     RefuseIfPastCaps,
     RefuseIfRowsIn,
     RefuseOutsideTransaction,
+    RememberMovers,
     Renames,
     ReplaceConstraints,
     ReplaceFunctions,
     ReplaceIndexes,
     ReplaceViews,
+    SetDueTimes,
     SetLockTimeout,
     StartHeartbeats,
     ValidateCheck,
@@ -264,6 +267,7 @@ def plan(
         guard(old, new, caps),
         PrepareWriterRole(new.install.prepare),
         upgrade_format(old),
+        *remember_movers(mid, new),
         *([renamed] if renamed else []),
         *expand(was, now),
         *data(old, new, caps),
@@ -275,6 +279,13 @@ def plan(
         grant_movers(new),
         *([Commit()] if transaction else []),
     )
+
+
+def remember_movers(mid: Build, new: Build) -> list[RememberMovers]:
+    """Where `_apply`'s parameters change, the roles that may call it now (`RememberMovers`)."""
+    was = next(f for f in mid.schema.functions if f.name == mid.names.sql.apply)
+    now = next(f for f in new.schema.functions if f.name == new.names.sql.apply)
+    return [RememberMovers(was.key)] if was.key != now.key else []
 
 
 def without_function(schema: Schema, name: str) -> Schema:
@@ -300,8 +311,11 @@ def guard(old: Build, new: Build, caps: tuple[CapChange, ...]) -> Guard:
 
 def cap_changes(old: Build, new: Build) -> tuple[CapChange, ...]:
     """NEW's caps that rows may already be past (`facts.tightened_caps`)."""
+    m = new.machine
     return tuple(
-        CapChange(e, cap, sql_ident(count_column(e)), added)
+        CapChange(e, cap, sql_ident(count_column(e)), added,
+                  tuple(" ".join(t) for t in m.otherwise_edges if t[1] == e),
+                  tuple(f"{s} {x}" for (s, x), events in m.resets.items() if e in events))  # fmt: skip
         for e, cap, added in facts.tightened_caps(old.machine, new.machine)
     )
 
@@ -313,12 +327,26 @@ def data(old: Build, new: Build, caps: tuple[CapChange, ...]) -> list[Operation]
     out: list[Operation] = []
     if filled := tuple(c for c in caps if c.added):
         out.append(FillCountColumns(n.table, n.events_table, n.id_column, filled))
+    if due := due_times(old.machine, new.machine, n.table):
+        out.append(due)
     starts, ends = facts.lease_starts_and_ends(old.machine, new.machine)
     if starts:
         out.append(StartHeartbeats(str(new.machine.name), n.table, tuple(starts)))
     if ends:
         out.append(ClearClaims(n.table, tuple(ends)))
     return out
+
+
+def due_times(old: Machine, new: Machine, table: str) -> SetDueTimes | None:
+    """Rows in a state whose timer NEW adds or changes, and (where the due_at column
+    stays) in one it no longer times (1.2)."""
+    was, now = old.timed_states, new.timed_states
+    changed = [s for s, (e, t) in now.items() if s not in was or was[s][1].describe() != t.describe()]
+    untimed = [s for s in was if s not in now and s in new.state_names] if now else []
+    if not changed and not untimed:
+        return None
+    due = tuple((s, due_from_entry(now[s][1], sql_ident(count_column(now[s][0])))) for s in changed)
+    return SetDueTimes(table, due, tuple(untimed))
 
 
 def grant_movers(new: Build) -> GrantMovers:

@@ -47,6 +47,7 @@ class Transition:
     otherwise: Text | None = None
     spent: Text | None = None
     reset: tuple[Text, ...] = ()
+    after: Timer | None = None
 
     @property
     def target(self) -> Text:
@@ -56,6 +57,48 @@ class Transition:
     @property
     def is_choice(self) -> bool:
         return len(self.targets) > 1
+
+
+@dataclass(frozen=True)
+class Timer:
+    """1.2's `after`: when time allows a transition's event. `delay` waits `ms` after
+    the row entered the state; `backoff` waits min(`most_ms`, `ms` * `factor`^n), n
+    the times the event has fired on the row; `due_at` waits for the time the caller
+    gave the row (none given: due at once)."""
+
+    kind: str  # delay | backoff | due_at
+    ms: int = 0
+    factor: float = 1.0
+    most_ms: int = 0
+    pos: Pos = (1, 1)  # the `after` node, for rules about it
+
+    def describe(self) -> str:
+        """As a diagram and a diff say it: `30s`, `due_at`, `1s x2 up to 1h`."""
+        if self.kind == "due_at":
+            return "due_at"
+        if self.kind == "delay":
+            return _duration_text(self.ms)
+        factor = int(self.factor) if self.factor == int(self.factor) else self.factor
+        return f"{_duration_text(self.ms)} x{factor} up to {_duration_text(self.most_ms)}"
+
+
+UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_text(ms: int) -> str:
+    for unit in ("d", "h", "m", "s"):
+        if ms % UNITS_MS[unit] == 0:
+            return f"{ms // UNITS_MS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+def duration_ms(text: str) -> int | None:
+    """`30s` -> 30000; None for any other form (the schema stage reports it)."""
+    for unit in ("ms", "s", "m", "h", "d"):
+        number = text[: -len(unit)]
+        if text.endswith(unit) and number.isdigit() and number[:1] != "0":
+            return int(number) * UNITS_MS[unit]
+    return None
 
 
 @dataclass(frozen=True)
@@ -204,6 +247,20 @@ class Machine:
         return tuple((s, e, to) for (s, e), (to, _) in self.otherwise.items())
 
     @cached_property
+    def timers(self) -> dict[tuple[str, str], Timer]:
+        """(state, event) -> when time allows it, for the timed transitions (1.2)."""
+        return {k: t.after for k, t in self.first.items() if t.after is not None}
+
+    @cached_property
+    def timed_states(self) -> dict[str, tuple[str, Timer]]:
+        """State -> (its timed event, the timer), for the states a timed transition
+        leaves (one each, or `timer-conflict`: the first is kept), in spec order."""
+        out: dict[str, tuple[str, Timer]] = {}
+        for (s, e), timer in self.timers.items():
+            out.setdefault(s, (e, timer))
+        return out
+
+    @cached_property
     def per_row_caps(self) -> dict[str, int]:
         """Event -> the largest cap a row may be given, for the caps chosen per row."""
         out: dict[str, int] = {}
@@ -317,10 +374,30 @@ def _transitions(
         description = _text(item.get("description"))
         otherwise, spent = _name(item.get("otherwise")), _name(item.get("spent"))
         reset = _names(item.get("reset"))
+        after = _timer(item.get("after"), item.value_pos.get("after", item.pos))
         for s in sources:
             out.append(Transition(s, event, targets, description, index, item.pos, wildcard,
-                                  otherwise, spent, reset))  # fmt: skip
+                                  otherwise, spent, reset, after))  # fmt: skip
     return tuple(out), tuple(wildcards)
+
+
+def _timer(value: Any, pos: Pos) -> Timer | None:
+    """`after` as the model keeps it; None for a misshapen one (the schema stage says)."""
+    if isinstance(value, Text) and value == "due_at":
+        return Timer("due_at", pos=pos)
+    if isinstance(value, Text):
+        ms = duration_ms(value)
+        return None if ms is None else Timer("delay", ms, pos=pos)
+    if isinstance(value, Mapping):
+        backoff, most, factor = value.get("backoff"), value.get("max"), value.get("factor")
+        ms = duration_ms(backoff) if isinstance(backoff, Text) else None
+        most_ms = duration_ms(most) if isinstance(most, Text) else None
+        if ms is None or most_ms is None or isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            return None
+        if not 1 <= factor <= 100:
+            return None
+        return Timer("backoff", ms, float(factor), most_ms, pos)
+    return None
 
 
 def _targets(value: Any) -> tuple[Text, ...]:

@@ -129,6 +129,13 @@ def _translate(doc: Document, error: Any) -> Diagnostic | list[Diagnostic] | Non
             if sub.schema_path and sub.schema_path[0] == branch:
                 found.extend(_from_error(doc, sub))
         return found
+    if kind == "oneOf" and parts[-1:] == ["after"] or kind == "pattern" and parts[-2:-1] == ["after"]:
+        # A wait (1.2) in any other form: one diagnostic saying the three forms.
+        return _diag(
+            doc, position_of(doc.root, parts),
+            f"{where}: a wait is a duration (a positive whole number with ms, s, m, h or d: "
+            f"30s, 5m), due_at, or {{backoff: 3s, factor: 2, max: 5m}}; got {describe_value(error.instance)}",
+        )  # fmt: skip
     if kind in ("pattern", "maxLength", "propertyNames"):
         if kind == "pattern" and expected == _NUL_FREE:
             return _diag(

@@ -18,7 +18,7 @@ from typing import Any
 
 from fsmc import diagnostics as codes
 from fsmc.diagnostics import Code, Diagnostic
-from fsmc.load import Text
+from fsmc.load import Pos, Text
 from fsmc.model import Machine, Transition, camel
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -30,7 +30,7 @@ TABLE_MAX = 63
 # generated module and holds this list to it.
 RESERVED_CAMEL = frozenset(
     {"State", "Event", "IllegalTransition", "CapReached", "Connection", "AsyncConnection",
-     "UnknownRow", "StateName", "EventName", "INITIAL", "INITIALS", "PURGEABLE", "TERMINAL", "TRANSITIONS", "CHOICES", "CAPS",
+     "UnknownRow", "StateName", "EventName", "INITIAL", "INITIALS", "PURGEABLE", "TERMINAL", "NotDue", "NOT_DUE_SQLSTATE", "TRANSITIONS", "CHOICES", "CAPS",
      "SCHEMA",
      "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE", "UNKNOWN_ROW_SQLSTATE"}
 )  # fmt: skip
@@ -265,24 +265,57 @@ def uncapped_budget(m: Machine, g: Any) -> Iterator[Diagnostic]:
     capped, known = m.cap_limits, set(m.event_names)
     seen: set[tuple[int, int]] = set()
     for t in m.transitions:
-        needs: list[tuple[Text, str, str]] = []  # (where, key, the event it relies on)
+        needs: list[tuple[Text | Pos, str, str]] = []  # (where, key, the event it relies on)
+        if t.after is not None and t.after.kind == "backoff":
+            needs.append((t.after.pos, "after", str(t.event)))
         if t.otherwise is not None and t.spent is not None:
             needs.append((t.spent, "spent", str(t.spent)))
         elif t.otherwise is not None:
             needs.append((t.otherwise, "otherwise", str(t.event)))
         needs += [(e, "reset", str(e)) for e in t.reset]
         for where, key, event in needs:
-            if event in capped or event not in known or where.pos in seen:
+            pos = where.pos if isinstance(where, Text) else where
+            if event in capped or event not in known or pos in seen:
                 continue
-            seen.add(where.pos)
+            seen.add(pos)
             if key == "reset":
                 why = f"gives back the budget of '{event}', which has none"
+            elif key == "after":
+                why = (f"backs off by how many times '{event}' has fired, which is unbounded "
+                       "without a cap")  # fmt: skip
             else:
                 why = (f"sends the row to '{t.otherwise}' once the budget of '{event}' "
                        f"is spent, but '{event}' has none")  # fmt: skip
             yield _at(
                 m, where, codes.UNCAPPED_BUDGET,
                 f"transitions[{t.index}].{key}: {why}; cap it (caps: {{{event}: N}})",
+            )  # fmt: skip
+
+
+def timer_conflict(m: Machine, g: Any) -> Iterator[Diagnostic]:
+    """A state is left by one timed transition at most: its row has one due time."""
+    first: dict[str, Transition] = {}
+    for t in m.transitions:
+        if t.after is None:
+            continue
+        earlier = first.setdefault(str(t.source), t)
+        if earlier is not t and (earlier.index, earlier.event) != (t.index, t.event):
+            yield _at(
+                m, t.after.pos, codes.TIMER_CONFLICT,
+                f"transitions[{t.index}].after: state '{t.source}' already has a timed transition "
+                f"out (transitions[{earlier.index}], on '{earlier.event}'); a row in a state has one "
+                "due time, so at most one of its ways out may wait for it",
+            )  # fmt: skip
+
+
+def timer_range(m: Machine) -> Iterator[Diagnostic]:
+    """A backoff whose max is below where it starts."""
+    for t in m.transitions:
+        if t.after is not None and t.after.kind == "backoff" and t.after.most_ms < t.after.ms:
+            yield _at(
+                m, t.after.pos, codes.SCHEMA,
+                f"transitions[{t.index}].after: the backoff's max ({t.after.describe().split(' up to ')[1]}) "
+                f"is below where it starts ({t.after.describe().split(' x')[0]})",
             )  # fmt: skip
 
 
@@ -544,11 +577,13 @@ REFERENCE_RULES: tuple[Rule, ...] = (
     duplicate_transition,
     terminal_exit,
     per_row_cap,
+    timer_range,
 )
 # These judge the machine as a whole, so they run only on one whose names resolve
 # (an event used only by a misspelt transition is not "unused").
 GRAPH_RULES: tuple[GraphRule, ...] = (
-    unreachable_state, dead_end, trap, lease_reclaim, cap_trap, uncapped_budget, unused_event,
+    unreachable_state, dead_end, trap, lease_reclaim, cap_trap, timer_conflict, uncapped_budget,
+    unused_event,
 )  # fmt: skip
 
 

@@ -437,3 +437,17 @@ def load_sql(dsn: str, path: Path, schema: str) -> subprocess.CompletedProcess[s
         ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1", "-f", str(path), dsn],
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
+
+
+def nested_plans(db: Any, query: bytes) -> list[str]:
+    """The plans of the statements `query` runs inside functions (auto_explain)."""
+    with db.superuser() as su:
+        notices: list[str] = []
+        su.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        su.execute("LOAD 'auto_explain'")
+        for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                        "auto_explain.log_level = notice", "auto_explain.log_format = text"):  # fmt: skip
+            su.execute(f"SET {setting}")
+        su.execute(query).fetchall()
+        su.rollback()
+    return notices

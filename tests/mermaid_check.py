@@ -147,9 +147,11 @@ def drawn_arrows(machine: Machine) -> list[tuple[str, str, str]]:
     m = machine
 
     def label(s: str, e: str) -> str:
-        notes = [f"max {m.cap_limits[e]}{' per row' if e in m.per_row_caps else ''}"] if e in m.cap_limits else []
+        when = m.timers[s, e].describe() if (s, e) in m.timers else None
+        notes = [] if when is None else ["at due_at" if when == "due_at" else f"after {when}"]
+        notes += [f"max {m.cap_limits[e]}{' per row' if e in m.per_row_caps else ''}"] if e in m.cap_limits else []
         notes += [f"resets {', '.join(m.resets[s, e])}"] if (s, e) in m.resets else []
-        return f"{e} ({'; '.join(notes)})" if notes else e
+        return f"{e} ({', '.join(notes)})" if notes else e
 
     arrows = [(s, label(s, e), t) for s, e, t in m.edges]
     return arrows + [(s, f"{e} (otherwise, {b} spent)", o) for (s, e), (o, b) in m.otherwise.items()]

@@ -161,8 +161,10 @@ CATALOG = {
         SELECT c.relname, c.relkind, c.relpersistence, c.reloptions, pg_get_userbyid(c.relowner),
                (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(c.relacl) a)::text
         FROM pg_class c WHERE c.relnamespace = %(ns)s::regnamespace""",
+    # By name, not position: a migration appends the columns it adds (ALTER TABLE can
+    # do no other), where a fresh build may have placed them among the others.
     "columns": """
-        SELECT c.relname, row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
+        SELECT c.relname, a.attname,
                format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid),
                a.attidentity, a.attgenerated, a.attcollation::regcollation::text,
                (SELECT array_agg(x::text ORDER BY x::text) FROM unnest(a.attacl) x)::text

@@ -62,6 +62,8 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     # A cap per row, a spent budget's otherwise (where the old spec discarded at once),
     # and revives that give the budget back.
     "budgets": (1, True, {"transitions~", "options"}),
+    # Timed transitions: a due_at, a delay and a backoff (each a new wait: breaking).
+    "timed": (1, True, {"events+", "transitions+", "transitions-", "options"}),
     "mermaid_keywords": (
         1,
         True,

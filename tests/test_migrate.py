@@ -38,6 +38,7 @@ import time
 import typing
 import uuid
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +92,13 @@ from fsmc.targets.postgres.operations import (
     RefuseIfPastCaps,
     RefuseIfRowsIn,
     RefuseOutsideTransaction,
+    RememberMovers,
     Renames,
     ReplaceConstraints,
     ReplaceFunctions,
     ReplaceIndexes,
     ReplaceViews,
+    SetDueTimes,
     SetLockTimeout,
     StartHeartbeats,
     ValidateCheck,
@@ -133,6 +136,20 @@ def old_rows_move_on(db: Migrated, before: Data) -> None:
     moved = 0
     with db.connect() as conn:
         for row_id, (state, version, *_claims) in before.rows.items():
+            if state in m.timed_states:
+                # The migration gave a row in a timed state its due time, as its entry says
+                # (the generated tests hold the backoff; a state waiting for a given time
+                # is due at once); made due now, so that its timed event can fire.
+                got = conn.execute(db.q("SELECT due_at - entered_at, due_at <= now() FROM {table} WHERE id = %s"),
+                                   (row_id,)).fetchone()  # fmt: skip
+                assert got is not None and got[0] is not None, (row_id, state)
+                timer = m.timed_states[state][1]
+                if timer.kind == "delay":
+                    assert got[0] == timedelta(milliseconds=timer.ms), (state, got)
+                elif timer.kind == "due_at":
+                    assert got[1], (state, got)
+                conn.rollback()
+                db.make_due(row_id)
             events = [e for (s, e) in m.targets if s == state]
             for event in events:
                 for target in m.targets[state, event]:
@@ -190,7 +207,7 @@ MIGRATING = [
     "changed_initial", "added_event", "removed_event", "removed_state", "lease_added",
     "lease_removed", "lease_changed", "renamed_tables", "renamed_to_awkward_names",
     "caps_added", "caps_raised", "caps_lowered", "caps_removed", "choice_added", "choice_removed",
-    "reordered_and_changed", "initials_and_purgeable", "budgets",
+    "reordered_and_changed", "initials_and_purgeable", "budgets", "timed",
 ]  # fmt: skip
 
 
@@ -231,7 +248,7 @@ def test_a_migrated_database_is_a_fresh_build_of_new_holding_every_row_and_event
         assert after.events == before.events
         assert {r: row[:2] for r, row in after.rows.items()} == {r: row[:2] for r, row in before.rows.items()}
         claims_after(old, new, before, after, started)
-        now, logged = counts(db, new)
+        now, logged = counts(db, new, old)
         assert now == logged  # each cap's count, as many as its event rows
 
         # (2) Contract 4.2 on the migrated database, old rows included.
@@ -478,18 +495,26 @@ def fired(db: Scratch, conn: psycopg.Connection[Any], event: str, times: int) ->
     return row_id, version
 
 
-def counts(db: Scratch, machine: Machine) -> tuple[dict[Any, dict[str, int]], dict[Any, dict[str, int]]]:
-    """Per row, each capped event's count column, and the number of its event rows."""
+def counts(db: Scratch, machine: Machine, old: Machine | None = None) -> tuple[dict[Any, dict[str, int]], dict[Any, dict[str, int]]]:
+    """Per row, each capped event's count column, and the number of its event rows (1.2:
+    since the last move that reset it, and not counting a move to a spent budget's
+    otherwise)."""
     n, caps = Names.of(machine).sql, list(machine.cap_limits)
     columns = "".join(f", {count_column(e)}" for e in caps)
     with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
         rows = conn.execute(f"SELECT id{columns} FROM {n.table}".encode()).fetchall()
-        history = conn.execute(f"SELECT {n.id_column}, event, count(*) FROM {n.events_table}"
-                               f" WHERE event = ANY(%s) GROUP BY 1, 2".encode(), (caps,)).fetchall()  # fmt: skip
+        history = conn.execute(f"SELECT {n.id_column}, from_state, event, to_state FROM {n.events_table}"
+                               f" ORDER BY {n.id_column}, version".encode()).fetchall()  # fmt: skip
     kept = {r[0]: dict(zip(caps, r[1:], strict=True)) for r in rows}
     logged: dict[Any, dict[str, int]] = {r[0]: dict.fromkeys(caps, 0) for r in rows}
-    for row_id, event, number in history:
-        logged[row_id][event] = number
+    # The history was written under OLD: its resets count as well as NEW's.
+    resets = {**machine.resets, **(old.resets if old is not None else {})}
+    for row_id, source, event, target in history:
+        if event in logged[row_id] and target != machine.otherwise.get((source, event), ("",))[0]:
+            logged[row_id][event] += 1
+        for reset in resets.get((source, event), ()):
+            if reset in logged[row_id]:
+                logged[row_id][reset] = 0
     return kept, logged
 
 
@@ -572,7 +597,7 @@ def test_raising_or_removing_a_cap_lets_rows_at_the_old_cap_fire_again(pg_dsn: s
                 assert now[row_id]["retry"] == k
                 assert fire_until_refused(db2, row_id, "retry") == new.cap_limits["retry"] - k
         else:
-            assert "retry_count" not in {r[2] for r in catalog(db).objects["columns"]}
+            assert "retry_count" not in {r[1] for r in catalog(db).objects["columns"]}
             with db2.connect() as conn:
                 source_version = db2.row(conn, rows[2])[1]
                 assert db2.walk(conn, rows[2], "failed", source_version, ["retry"]) == source_version + 1
@@ -638,7 +663,7 @@ MODEL_CATALOG = {
         SELECT c.relname, coalesce(c.reloptions, '{}') FROM pg_catalog.pg_class c
         WHERE c.relnamespace = %(ns)s AND c.relkind = 'r'""",
     "columns": """
-        SELECT c.relname, a.attnum, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod),
+        SELECT c.relname, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod),
                a.attnotnull, pg_catalog.pg_get_expr(d.adbin, d.adrelid), a.attidentity
         FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
         LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
@@ -842,7 +867,7 @@ def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> Non
 # The order the module docstring gives (operations of one rank may alternate).
 ORDER: list[tuple[type, ...]] = [
     (Begin, RefuseOutsideTransaction), (SetLockTimeout,), (Guard,), (PrepareWriterRole,), (UpgradeFormat,),
-    (Renames,), (ExpandTable,), (FillCountColumns,), (StartHeartbeats,), (ClearClaims,), (ReplaceIndexes,),
+    (RememberMovers,), (Renames,), (ExpandTable,), (FillCountColumns,), (SetDueTimes,), (StartHeartbeats,), (ClearClaims,), (ReplaceIndexes,),
     (CreateDomains,), (DropUnreplaceableFunctions,), (ReplaceFunctions,), (ReplaceConstraints,),
     (ReplaceViews,), (RecreateTriggers,), (ValidateCheck, ValidateHistoryCheck), (DropObjects,),
     (ContractTable,), (DropDomains,), (RecordDigest,), (PinFunctions,), (GrantMovers,), (Commit,),

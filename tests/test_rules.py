@@ -623,3 +623,39 @@ def test_a_reclaim_with_an_otherwise_is_allowed_but_not_a_choice() -> None:
                            "  - {from: running, event: rescue, to: retryable, otherwise: discarded, spent: fetch}")
     leased = leased.replace("events: [schedule,", "events: [rescue, schedule,") + "lease: {states: [running], reclaim: rescue}\n"
     assert run(leased)[0] == []
+
+
+def test_a_timed_transition_is_clean_in_each_form() -> None:
+    timed = QUEUE.replace("{from: scheduled, event: schedule, to: available}",
+                          "{from: scheduled, event: schedule, to: available, after: due_at}")
+    timed = timed.replace("{from: retryable, event: retry, to: available, otherwise: discarded}",
+                          "{from: retryable, event: retry, to: available, otherwise: discarded,\n"
+                          "     after: {backoff: 1s, factor: 2, max: 1h}}")
+    assert run(timed)[0] == []
+    assert run(timed.replace("after: due_at", "after: 250ms"))[0] == []
+
+
+@pytest.mark.parametrize("wait", ["0s", "5", "5x", "1.5s", "-1m", "{backoff: 1s, factor: 2}", "{backoff: 1s, factor: 0.5, max: 1m}"])
+def test_a_wait_in_another_form_is_a_schema_error(wait: str) -> None:
+    spec = QUEUE.replace("{from: scheduled, event: schedule, to: available}",
+                         f"{{from: scheduled, event: schedule, to: available, after: @{wait}}}")
+    assert_only("schema", spec, "transitions[0].after: a wait is a duration")
+
+
+def test_a_backoff_whose_max_is_below_its_start() -> None:
+    spec = QUEUE.replace("{from: retryable, event: retry, to: available, otherwise: discarded}",
+                         "{from: retryable, event: retry, to: available, otherwise: discarded, after: @{backoff: 1m, factor: 2, max: 1s}}")
+    assert_only("schema", spec, "the backoff's max (1s) is below where it starts (1m)")
+
+
+def test_a_state_has_one_timed_way_out() -> None:
+    spec = QUEUE.replace("{from: retryable, event: retry, to: available, otherwise: discarded}",
+                         "{from: retryable, event: retry, to: available, otherwise: discarded, after: 5m}\n"
+                         "  - {from: retryable, event: schedule, to: discarded, after: @1h}")
+    assert_only("timer-conflict", spec, "state 'retryable' already has a timed transition out (transitions[4], on 'retry')")
+
+
+def test_a_backoff_needs_a_capped_event() -> None:
+    spec = QUEUE.replace("{from: scheduled, event: schedule, to: available}",
+                         "{from: scheduled, event: schedule, to: available, after: @{backoff: 1s, factor: 2, max: 1m}}")
+    assert_only("uncapped-budget", spec, "transitions[0].after", "'schedule'", "cap it (caps: {schedule: N})")

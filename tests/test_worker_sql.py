@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from tests.conftest import SPECS
+from tests.harness import nested_plans
 from tests.pg_scratch import Scratch, machine_from_text, machine_of, path_to
 
 
@@ -119,20 +120,6 @@ def bulk_mostly_terminal(db: Scratch, n: int = 100_000) -> None:
         conn.commit()
         conn.autocommit = True
         conn.execute(db.q("ANALYZE {table}"))
-
-
-def nested_plans(db: Scratch, query: bytes) -> list[str]:
-    """The plans of the statements `query` runs inside functions (auto_explain)."""
-    with db.superuser() as su:
-        notices: list[str] = []
-        su.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        su.execute("LOAD 'auto_explain'")
-        for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
-                        "auto_explain.log_level = notice", "auto_explain.log_format = text"):  # fmt: skip
-            su.execute(f"SET {setting}")
-        su.execute(query).fetchall()
-        su.rollback()
-    return notices
 
 
 def test_claim_over_100k_mostly_terminal_rows_reads_the_claim_index(db: Scratch) -> None:

@@ -92,7 +92,8 @@ def diagram(machine: Machine) -> str:
         aliases=[(i, s) for s, i in ids.items() if i != s],
         initials=[ids.get(s, s) for s in m.initial_names],
         transitions=[
-            *((ids[s], edge_label(e, m.cap_limits.get(e), e in m.per_row_caps, m.resets.get((s, e), ())), ids[t])
+            *((ids[s], edge_label(e, m.cap_limits.get(e), e in m.per_row_caps, m.resets.get((s, e), ()),
+                                  m.timers[s, e].describe() if (s, e) in m.timers else None), ids[t])
               for s, e, t in m.edges),
             # 1.2: where a spent budget sends the row, drawn as its own arrow.
             *((ids[s], f"{e} (otherwise, {budget} spent)", ids[to]) for (s, e), (to, budget) in m.otherwise.items()),
@@ -103,14 +104,18 @@ def diagram(machine: Machine) -> str:
     )))  # fmt: skip
 
 
-def edge_label(event: str, cap: int | None, per_row: bool = False, resets: tuple[str, ...] = ()) -> str:
+def edge_label(
+    event: str, cap: int | None, per_row: bool = False, resets: tuple[str, ...] = (), after: str | None = None
+) -> str:
     """An arrow's label: its event, and a capped event's limit (`retry (max 5)`; for a
     cap per row, its default: `fetch (max 25 per row)`), so a reviewer sees the budget
     on the drawing, and the budgets a move gives back (`revive (resets fetch)`). The
     lexer takes the rest of the line as the label, so the parentheses are plain text."""
-    notes = [] if cap is None else [f"max {cap}{' per row' if per_row else ''}"]
+    # A timed arrow says when (1.2): `at due_at`, `after 30s`, `after 1s x2 up to 1h`.
+    notes = [] if after is None else ["at due_at" if after == "due_at" else f"after {after}"]
+    notes += [] if cap is None else [f"max {cap}{' per row' if per_row else ''}"]
     notes += [f"resets {', '.join(resets)}"] if resets else []
-    return f"{event} ({'; '.join(notes)})" if notes else event
+    return f"{event} ({', '.join(notes)})" if notes else event
 
 
 def emit(machine: Machine, body: str) -> str:

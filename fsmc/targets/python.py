@@ -30,7 +30,7 @@ def cap_field(event: str) -> str:
     return cap_column(event)
 
 
-def exports(class_name: str, lease: bool) -> list[str]:
+def exports(class_name: str, lease: bool, timed: bool = False) -> list[str]:
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
     names = ["CAPS", "CHOICES", "INITIAL", "INITIALS", "PURGEABLE", "SCHEMA", "TERMINAL", "TRANSITIONS", "AsyncConnection",
              "CapReached", "Connection", "Event", "IllegalTransition", "State", "UnknownRow",
@@ -38,6 +38,8 @@ def exports(class_name: str, lease: bool) -> list[str]:
              "transition", "atransition", "get", "aget", "claim", "aclaim", "purge", "apurge"]  # fmt: skip
     if lease:
         names += ["heartbeat", "aheartbeat", "reclaim", "areclaim"]
+    if timed:
+        names += ["NotDue"]
 
     def rank(name: str) -> tuple[int, str]:
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
@@ -68,6 +70,8 @@ class ModuleContext:
     otherwise: list[tuple[str, str, str, str, str, int]]
     resets: list[tuple[str, str, list[str]]]  # (state member, event member, the events whose budgets come back)
     per_row_max: dict[str, int]  # event member -> the largest cap a row may have (1.2)
+    timed: bool  # 1.2: some transition waits for time: NotDue
+    due_given: bool  # 1.2: some state waits for a time the caller gives: due_at= on transition and claim
     id_type: str  # the Python type of an id
     pg_id_type: str  # the SQL type the module casts an id to
     schema: str
@@ -93,7 +97,9 @@ def context(machine: Machine) -> ModuleContext:
         header=Header.of(m),
         machine=str(m.name),
         class_name=m.camel_name,
-        exports=exports(m.camel_name, m.lease is not None),
+        exports=exports(m.camel_name, m.lease is not None, bool(m.timers)),
+        timed=bool(m.timers),
+        due_given=any(t.kind == "due_at" for t in m.timers.values()),
         description=m.description,
         states=[(member(s), s, descriptions.get(s)) for s in m.state_names],
         events=[(member(e), e, event_descriptions.get(e)) for e in m.event_names],

@@ -11,6 +11,7 @@ so psycopg raises them as `psycopg.errors.IntegrityError` subclasses.
 | 23F05 | at COMMIT: a row's state (or version) changed without the matching event row, or an event row records a move its row did not make |
 | 23F06 | UPDATE, DELETE or TRUNCATE on the append-only event log; DELETE of a row with history, or TRUNCATE of the table, but by `<machine>_purge` |
 | 23F07 | `<machine>_apply` or a direct UPDATE: a capped event has fired its cap's worth in this row's life |
+| 23F08 | `<machine>_apply`: a timed event (1.2's `after`) fired before its row is due |
 
 Other refusals keep PostgreSQL's own codes: an undeclared state is the state CHECK's
 23514 (check_violation), as is an event row whose (from, event, to) is not one of
@@ -30,6 +31,7 @@ BYPASS_WRITE = "23F04"
 UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
 CAP_REACHED = "23F07"
+NOT_DUE = "23F08"
 
 
 @dataclass(frozen=True)
@@ -44,3 +46,4 @@ class Codes:
     unlogged: str = UNLOGGED_CHANGE
     append_only: str = APPEND_ONLY
     cap_reached: str = CAP_REACHED
+    not_due: str = NOT_DUE

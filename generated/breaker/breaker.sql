@@ -242,7 +242,9 @@ BEGIN
 
         -- Nothing moved: find out why, in the order the contract gives.
         SELECT t.state, t.state_version
+
         INTO v_state, v_version
+
         FROM breakers AS t WHERE t.id = breaker_apply.id;
         IF NOT FOUND THEN
             RAISE EXCEPTION USING ERRCODE = '23F03',

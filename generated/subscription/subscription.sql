@@ -256,7 +256,9 @@ BEGIN
 
         -- Nothing moved: find out why, in the order the contract gives.
         SELECT t.state, t.state_version, t.extend_trial_count
+
         INTO v_state, v_version, v_extend_trial_count
+
         FROM subscriptions AS t WHERE t.id = subscription_apply.id;
         IF NOT FOUND THEN
             RAISE EXCEPTION USING ERRCODE = '23F03',

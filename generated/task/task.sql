@@ -264,7 +264,9 @@ BEGIN
 
         -- Nothing moved: find out why, in the order the contract gives.
         SELECT t.state, t.state_version, t.retry_count
+
         INTO v_state, v_version, v_retry_count
+
         FROM tasks AS t WHERE t.id = task_apply.id;
         IF NOT FOUND THEN
             RAISE EXCEPTION USING ERRCODE = '23F03',

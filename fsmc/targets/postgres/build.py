@@ -113,6 +113,7 @@ from fsmc.model import Machine
 from fsmc.targets.common import ID_TYPES, Header, Paths
 from fsmc.targets.postgres import comments
 from fsmc.targets.postgres.encode import (
+    backoff_exponent,
     change_sql,
     claim_assignments,
     claim_values,
@@ -194,6 +195,29 @@ class ClaimContext:
 
 
 @dataclass(frozen=True)
+class TimedState:
+    """A state a timed transition leaves: how its row's due_at is set on entry."""
+
+    state: str
+    kind: str  # delay | backoff | due_at
+    ms: int
+    factor: float
+    most_ms: int
+    most_exponent: int  # past it the backoff is at its max: power() never overflows
+    count: str  # the timed event's count column (a backoff), as SQL spells it, or ""
+    event: str  # the timed event
+
+
+@dataclass(frozen=True)
+class TimingContext:
+    states: list[TimedState]
+    given: bool  # some state waits for the caller's due_at: _apply and _claim take one
+    due_events: list[str]  # events timed at every source: a claim reads the due index
+    in_timed: str  # t.state in a timed state (the due index's predicate, for t)
+    index_predicate: str
+
+
+@dataclass(frozen=True)
 class PurgeContext:
     in_purgeable: str
     index_predicate: str
@@ -222,6 +246,7 @@ class BodyContext:
     caps: list[CapContext]
     moves: str  # `_apply`'s table of moves, a jsonb constant (`moves_jsonb`)
     budgets: bool  # 1.2: some move has an `otherwise` or a `reset`, which `moves` holds
+    timing: TimingContext | None  # 1.2: the timed transitions (`after`), or None
     digest: str  # the machine's digest, which a body checks is still the schema's
 
 
@@ -306,6 +331,8 @@ def build(machine: Machine) -> Build:
             *(Column(cap.column, "integer", not_null=True, default="0") for cap in c.caps),
             *(Column(cap.cap_column, "integer", not_null=True, default=str(cap.limit))
               for cap in c.caps if cap.cap_column),  # fmt: skip
+            # 1.2: when a row in a timed state is due (set on entry: NULL elsewhere).
+            *((Column("due_at", "timestamptz"),) if c.timing else ()),
         ),
         constraints=(
             Constraint(n.table_pkey, "PRIMARY KEY (id)"),
@@ -345,6 +372,8 @@ def build(machine: Machine) -> Build:
     if m.lease is not None:
         where = sql_in("state", facts.lease_states(m))
         indexes = (Index(n.lease_index, n.table, "(state)", where, comments.LEASE_INDEX),)
+    if c.timing is not None:
+        indexes += (Index(n.due_index, n.table, "(due_at)", c.timing.index_predicate),)
     indexes += (
         Index(n.claim_index, n.table, "(entered_at)", c.claiming.index_predicate, comments.CLAIM_INDEX),
         Index(n.purge_index, n.table, "(entered_at)", c.purging.index_predicate),
@@ -382,6 +411,7 @@ def build(machine: Machine) -> Build:
         Parameter("actor", "text"),
         Parameter("payload", "jsonb", "NULL"),
         Parameter("to_state", "text", "NULL"),
+        *((Parameter("due_at", "timestamptz", "NULL"),) if c.timing and c.timing.given else ()),
         returns="bigint", body=body("apply"), attributes=_WRITER, settings=_SEQSCAN_OFF,
         comment=comments.WRITER_FUNCTIONS,
     )  # fmt: skip
@@ -396,6 +426,7 @@ def build(machine: Machine) -> Build:
         Parameter("actor", "text"),
         Parameter("max_rows", "integer", "1"),
         Parameter("to_state", "text", "NULL"),
+        *((Parameter("due_at", "timestamptz", "NULL"),) if c.timing and c.timing.given else ()),
         returns=f"TABLE (id {id_type}, state_version bigint)", body=body("claim"), attributes=_WRITER,
     )  # fmt: skip
     function(names.purge, Parameter("older_than", "interval"), Parameter("max_rows", "integer"),
@@ -427,6 +458,9 @@ def build(machine: Machine) -> Build:
     # The functions return at once for a write that sets these columns to what they were.
     moved = "UPDATE OF " + ", ".join(["state", "state_version", *(cap.column for cap in c.caps),
                                       *(cap.cap_column for cap in c.caps if cap.cap_column)])  # fmt: skip
+    if c.timing is not None:
+        # A row born in a timed state gets its due time here (and nowhere else one).
+        born_elsewhere += " OR " + c.timing.in_timed.replace("t.state", "NEW.state") + " OR NEW.due_at IS NOT NULL"
     triggers = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
         Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
@@ -467,6 +501,28 @@ def build(machine: Machine) -> Build:
 _STATE_MOVED = "UPDATE OF state, state_version"
 _SEQSCAN_OFF = (("enable_seqscan", "off"),)
 _WRITER = ("SECURITY DEFINER",)
+
+
+def timing_context(m: Machine) -> TimingContext | None:
+    """How the bodies set and wait for due_at (1.2's `after`), or None without timers."""
+    if not m.timers:
+        return None
+    states = []
+    for s, (e, timer) in m.timed_states.items():
+        states.append(TimedState(s, timer.kind, timer.ms, timer.factor, timer.most_ms, backoff_exponent(timer),
+                                 sql_ident(count_column(e)) if timer.kind == "backoff" else "", e))  # fmt: skip
+    timed = list(m.timed_states)
+    untimed = [s for s in m.state_names if s not in m.timed_states]
+    sources: dict[str, set[bool]] = {}
+    for s, e in m.targets:
+        sources.setdefault(e, set()).add((s, e) in m.timers)
+    return TimingContext(
+        states=states,
+        given=any(t.kind == "due_at" for t in m.timers.values()),
+        due_events=[e for e in m.event_names if sources.get(e) == {True}],
+        in_timed=sql_among("t.state", timed, untimed),
+        index_predicate=sql_among("state", timed, untimed),
+    )
 
 
 def _reset_pairs(m: Machine, event: str) -> str:
@@ -552,7 +608,8 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
             index_predicate=sql_among("state", purgeable, [s for s in states if s not in purgeable]),
         ),
         moves=moves_jsonb(m),
-        budgets=bool(m.otherwise or m.resets),
+        budgets=bool(m.otherwise or m.resets or m.timers),
+        timing=timing_context(m),
         digest=machine_digest(m),
         caps=[
             CapContext(

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Sequence
 from functools import cache, partial
 
 from fsmc import facts
 from fsmc.escape import sql_str, sql_text_array
 from fsmc.facts import CLAIM_COLUMNS, CLAIM_RULE, Action
-from fsmc.model import Machine
+from fsmc.model import Machine, Timer
 from fsmc.targets.common import ID_TYPES
 
 
@@ -122,6 +123,34 @@ def change_sql(old: str, new: str, held: Sequence[str]) -> str:
     )
 
 
+# --- 1.2's timers ---------------------------------------------------------------------------
+
+
+def due_from_entry(timer: Timer, count: str, row: str = "t") -> str:
+    """The due time of a row that entered a timed state at `row.entered_at`, as the
+    bodies set it on entry (templates/machine_bodies.sql.j2, `due_of`): what `fsmc
+    migrate` gives the rows already in a state that becomes timed. `count` is the
+    timed event's count column (a backoff), as SQL spells it. A `due_at` state has no
+    time to go by: due at once."""
+    if timer.kind == "due_at":
+        return "pg_catalog.now()"
+    if timer.kind == "delay":
+        return f"{row}.entered_at + {timer.ms} * '1 millisecond'::pg_catalog.interval"
+    exponent = backoff_exponent(timer)
+    return (
+        f"{row}.entered_at + LEAST({timer.most_ms}::pg_catalog.float8, {timer.ms} * pg_catalog.power("
+        f"{timer.factor}::pg_catalog.float8, LEAST({exponent}, {row}.{count}))) * '1 millisecond'::pg_catalog.interval"
+    )
+
+
+def backoff_exponent(timer: Timer) -> int:
+    """The count past which a backoff stays at its max: power() is taken no further,
+    so it never overflows whatever the count."""
+    if timer.kind != "backoff" or timer.factor <= 1:
+        return 0
+    return max(0, math.ceil(math.log(timer.most_ms / timer.ms) / math.log(timer.factor)))
+
+
 # --- the spec's moves as jsonb constants -------------------------------------------------
 
 # A name as a JSON string, made once per name. The two jsonb constants below are
@@ -175,6 +204,9 @@ def _budget_members(m: Machine, held: set[str]) -> dict[str, str]:
     for (s, e), events in m.resets.items():
         key = f"{s} {e}"
         out[key] = out.get(key, "") + ', "r": [' + ", ".join(map(_json_name, events)) + "]"
+    for s, e in m.timers:  # 1.2: a timed move, which waits for its row's due_at
+        key = f"{s} {e}"
+        out[key] = out.get(key, "") + ', "d": 1'
     return out
 
 

@@ -107,6 +107,9 @@ def app_writes(machine: Machine, n: Names) -> tuple[str, str]:
     counts = [sql_ident(count_column(e)) for e in machine.cap_limits]
     # 1.2: a row's own cap is chosen when it is inserted (the CHECK bounds it), then fixed.
     caps = [sql_ident(cap_column(e)) for e in machine.per_row_caps]
+    # 1.2: the time a row born in a state that waits for one is due (the guard sets
+    # every other due time); nothing else of it is the application's to write.
+    caps += ["due_at"] if any(t.kind == "due_at" for t in machine.timers.values()) else []
     logged = [n.sql.id_column, "version", "from_state", "event", "to_state", "actor", "payload"]
     return (
         f"INSERT ({', '.join(['id', 'state', *caps])}), UPDATE ({', '.join(['state', 'state_version', *counts])})",

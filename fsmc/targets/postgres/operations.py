@@ -64,6 +64,10 @@ class CapChange:
     cap: int
     column: str  # its count column
     added: bool  # OLD has no such cap: the column is added, then filled from history
+    # 1.2: what history counts as NEW counts it: not a move to a spent budget's otherwise
+    # ("from event to"), and only since the last move that reset it ("from event").
+    uncounted: tuple[str, ...] = ()
+    resets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,15 @@ class PrepareWriterRole:
 
 
 # --- expand: names, columns, data ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RememberMovers:
+    """NEW's `_apply` takes other parameters (1.2's `due_at`): a new function, whose
+    grants start empty, so the roles that may call OLD's are remembered (the setting
+    `fsmc.movers`, which `GrantMovers` reads) before OLD's is dropped."""
+
+    apply: str  # OLD's `_apply`, as `regprocedure` spells it
 
 
 @dataclass(frozen=True)
@@ -147,6 +160,17 @@ class FillCountColumns:
     events_table: str
     id_column: str
     caps: tuple[CapChange, ...]
+
+
+@dataclass(frozen=True)
+class SetDueTimes:
+    """1.2: rows already in a state whose timer NEW adds or changes get the due time
+    their entry and history give (`encode.due_from_entry`); in one NEW no longer times,
+    none."""
+
+    table: str
+    due: tuple[tuple[str, str], ...]  # (state, raw; its due time, an SQL expression over t)
+    untimed: tuple[str, ...]  # raw
 
 
 @dataclass(frozen=True)
@@ -343,7 +367,7 @@ class GrantMovers:
 
 Operation = (
     Begin | RefuseOutsideTransaction | SetLockTimeout | Guard | PrepareWriterRole | UpgradeFormat | Renames
-    | ExpandTable | FillCountColumns | StartHeartbeats | ClearClaims | ReplaceIndexes | CreateDomains
+    | RememberMovers | ExpandTable | FillCountColumns | SetDueTimes | StartHeartbeats | ClearClaims | ReplaceIndexes | CreateDomains
     | DropUnreplaceableFunctions | ReplaceFunctions | ReplaceConstraints | ReplaceViews | RecreateTriggers
     | ValidateCheck | ValidateHistoryCheck | DropObjects | ContractTable | DropDomains | RecordDigest
     | PinFunctions | GrantMovers | Commit
