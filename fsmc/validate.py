@@ -183,6 +183,7 @@ def unknown_state(m: Machine) -> Iterator[Diagnostic]:
     if m.lease:
         refs += [("lease.states", s) for s in m.lease.states]
     refs += [("purgeable", s) for s in m.purgeable or ()]
+    refs += [("limits", lim.state) for lim in m.limits]
     for t in m.transitions:
         if not t.wildcard:  # a wildcard's sources are declared states by construction
             refs.append(((t.index, "from"), t.source))

@@ -30,7 +30,7 @@ def cap_field(event: str) -> str:
     return cap_column(event)
 
 
-def exports(class_name: str, lease: bool) -> list[str]:
+def exports(class_name: str, lease: bool, limits: bool = False) -> list[str]:
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
     names = ["CAPS", "CHOICES", "INITIAL", "INITIALS", "PURGEABLE", "SCHEMA", "TERMINAL", "TRANSITIONS", "AsyncConnection",
              "CapReached", "Connection", "Event", "IllegalTransition", "State", "UnknownRow",
@@ -38,6 +38,8 @@ def exports(class_name: str, lease: bool) -> list[str]:
              "transition", "atransition", "get", "aget", "claim", "aclaim", "purge", "apurge"]  # fmt: skip
     if lease:
         names += ["heartbeat", "aheartbeat", "reclaim", "areclaim"]
+    if limits:
+        names += ["LIMITS", "LimitReached"]
 
     def rank(name: str) -> tuple[int, str]:
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
@@ -68,6 +70,7 @@ class ModuleContext:
     otherwise: list[tuple[str, str, str, str, str, int]]
     resets: list[tuple[str, str, list[str]]]  # (state member, event member, the events whose budgets come back)
     per_row_max: dict[str, int]  # event member -> the largest cap a row may have (1.2)
+    limits: list[tuple[str, int]]  # 1.2: (state member, the most rows it may hold)
     id_type: str  # the Python type of an id
     pg_id_type: str  # the SQL type the module casts an id to
     schema: str
@@ -93,7 +96,7 @@ def context(machine: Machine) -> ModuleContext:
         header=Header.of(m),
         machine=str(m.name),
         class_name=m.camel_name,
-        exports=exports(m.camel_name, m.lease is not None),
+        exports=exports(m.camel_name, m.lease is not None, bool(m.state_limits)),
         description=m.description,
         states=[(member(s), s, descriptions.get(s)) for s in m.state_names],
         events=[(member(e), e, event_descriptions.get(e)) for e in m.event_names],
@@ -112,6 +115,7 @@ def context(machine: Machine) -> ModuleContext:
         ],  # fmt: skip
         resets=[(member(s), member(e), [member(x) for x in xs]) for (s, e), xs in m.resets.items()],
         per_row_max={member(e): most for e, most in m.per_row_caps.items()},
+        limits=[(member(s), most) for s, most in m.state_limits.items()],
         id_type=ID_TYPES[m.postgres.id_type].python,
         pg_id_type=ID_TYPES[m.postgres.id_type].cast,
         schema=m.postgres.schema,

@@ -200,6 +200,18 @@ class PurgeContext:
 
 
 @dataclass(frozen=True)
+class LimitsContext:
+    """1.2's `limits`: what the counting trigger and `_claim` need."""
+
+    new_limited: str  # NEW.state is a limited state
+    old_limited: str  # OLD.state is a limited state
+    # (event, the limited states among its sources, targets and otherwise, a text[]):
+    # the counter rows `_claim` locks before it picks rows
+    claim_rooms: list[tuple[str, str]]
+    full_targets: str  # the limited states a claim may move rows into, as a CASE on v_event (a text[])
+
+
+@dataclass(frozen=True)
 class BodyContext:
     """What templates/machine_bodies.sql.j2 fills in (its fields are its variables)."""
 
@@ -223,6 +235,7 @@ class BodyContext:
     moves: str  # `_apply`'s table of moves, a jsonb constant (`moves_jsonb`)
     budgets: bool  # 1.2: some move has an `otherwise` or a `reset`, which `moves` holds
     digest: str  # the machine's digest, which a body checks is still the schema's
+    limits: LimitsContext | None  # 1.2: with `limits`
 
 
 @dataclass(frozen=True)
@@ -356,6 +369,9 @@ def build(machine: Machine) -> Build:
         comment=comments.PURGE_TICKETS,
     )
     views = (View(n.intervals, body("intervals"), comments.INTERVALS),)
+    tables: tuple[Table, ...] = (table, events, tickets)
+    if m.state_limits:
+        tables += (limits_table(m, n),)
 
     # Each function with its raw name, which the search_path pin takes (`install`).
     functions: list[tuple[str, Function]] = []
@@ -414,6 +430,10 @@ def build(machine: Machine) -> Build:
                      comment=comments.APPEND_ONLY)  # fmt: skip
     trigger_function(names.guard_delete, "guard_delete", attributes=("SECURITY DEFINER",),
                      comment=comments.GUARD_DELETE)  # fmt: skip
+    if c.limits is not None:
+        # The owner's, for every writer: the writer role's moves count like any other.
+        trigger_function(names.count_limits, "count_limits", attributes=("SECURITY DEFINER",),
+                         comment=comments.COUNT_LIMITS)  # fmt: skip
 
     born_elsewhere = " OR ".join(
         [
@@ -427,7 +447,7 @@ def build(machine: Machine) -> Build:
     # The functions return at once for a write that sets these columns to what they were.
     moved = "UPDATE OF " + ", ".join(["state", "state_version", *(cap.column for cap in c.caps),
                                       *(cap.cap_column for cap in c.caps if cap.cap_column)])  # fmt: skip
-    triggers = (
+    triggers: tuple[Trigger, ...] = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
         Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
                 comment=comments.GUARD_UPDATE_BEFORE if c.caps else comments.GUARD_UPDATE_AFTER,
@@ -442,9 +462,17 @@ def build(machine: Machine) -> Build:
         Trigger(n.append_only_truncate, n.events_table, "BEFORE", "TRUNCATE", n.append_only,
                 for_each="STATEMENT"),  # fmt: skip
     )
-    schema = Schema(
-        (table, events, tickets), indexes, tuple(f for _, f in functions), triggers, views, domains
-    )
+    if c.limits is not None:
+        # No `writer`: these fire for the writer role's moves too. The WHEN clauses keep
+        # every write that neither enters nor leaves a limited state from the function.
+        triggers += (
+            Trigger(n.limits_insert, n.table, "AFTER", "INSERT", n.count_limits, when=c.limits.new_limited),
+            Trigger(n.limits_update, n.table, "AFTER", "UPDATE OF state", n.count_limits,
+                    when=f"OLD.state IS DISTINCT FROM NEW.state AND ({c.limits.old_limited} OR {c.limits.new_limited})",
+                    comment=comments.LIMITS_TRIGGERS),  # fmt: skip
+            Trigger(n.limits_delete, n.table, "AFTER", "DELETE", n.count_limits, when=c.limits.old_limited),
+        )
+    schema = Schema(tables, indexes, tuple(f for _, f in functions), triggers, views, domains)
     every = (*dict.fromkeys(raw for raw, _ in functions), names.writer)
     return Build(
         machine=m,
@@ -467,6 +495,54 @@ def build(machine: Machine) -> Build:
 _STATE_MOVED = "UPDATE OF state, state_version"
 _SEQSCAN_OFF = (("enable_seqscan", "off"),)
 _WRITER = ("SECURITY DEFINER",)
+
+
+def limits_table(m: Machine, n: Quoted) -> Table:
+    """1.2's `limits`: one counter row per limited state, `held` the rows in it (kept by
+    the counting trigger), never above `max_rows` (its CHECK backs the trigger's own
+    test). The rows are the spec's: the file inserts them, `fsmc migrate` fills them."""
+    return Table(
+        name=n.limits,
+        columns=(
+            Column("state", "text", not_null=True),
+            Column("max_rows", "integer", not_null=True),
+            Column("held", "integer", not_null=True, default="0"),
+        ),
+        constraints=(
+            Constraint(n.limits_pkey, "PRIMARY KEY (state)"),
+            Constraint.of_check(n.limits_check, "held BETWEEN 0 AND max_rows"),
+        ),
+        rows=tuple(f"({sql_str(state)}, {most})" for state, most in m.state_limits.items()),
+        comment=comments.LIMITS,
+    )
+
+
+def limits_context(m: Machine) -> LimitsContext | None:
+    if not m.state_limits:
+        return None
+    limited = list(m.state_limits)
+    rooms: list[tuple[str, str]] = []
+    full: list[tuple[str, str]] = []
+    for event in m.event_names:
+        touched = {s for (s, e), ts in m.targets.items() if e == event for s in (s, *ts)}
+        entered = {t for (s, e), ts in m.targets.items() if e == event for t in ts}
+        for (s, e), (to, _) in m.otherwise.items():
+            if e == event:
+                touched |= {s, to}
+                entered.add(to)
+        if any(s in touched for s in limited):
+            rooms.append((event, sql_text_array([s for s in limited if s in touched])))
+        if any(s in entered for s in limited):
+            full.append((event, sql_text_array([s for s in limited if s in entered])))
+    full_targets = (
+        "CASE v_event" + "".join(f" WHEN {sql_str(e)} THEN {a}" for e, a in full) + " END" if full else "NULL"
+    )
+    return LimitsContext(
+        new_limited=sql_any("NEW.state", limited),
+        old_limited=sql_any("OLD.state", limited),
+        claim_rooms=rooms,
+        full_targets=full_targets,
+    )
 
 
 def _reset_pairs(m: Machine, event: str) -> str:
@@ -554,6 +630,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         moves=moves_jsonb(m),
         budgets=bool(m.otherwise or m.resets),
         digest=machine_digest(m),
+        limits=limits_context(m),
         caps=[
             CapContext(
                 event=event,

@@ -99,3 +99,20 @@ GUARD_DELETE = (
     "history from being deleted or truncated away, this does (purge, holding a ticket,",
     "excepted). SECURITY DEFINER only to read the ticket table.",
 )
+LIMITS = (
+    "1.2's limits: one counter row per limited state. A move into the state adds one to",
+    "`held` under the row's lock, and only while `held < max_rows`; a move out (or a",
+    "delete) takes one off. The lock is held to COMMIT, so movers into one state queue on",
+    "it, and under READ COMMITTED each re-reads the newest `held` once it has the lock:",
+    "however many transactions move rows at once, no commit leaves more rows in the state",
+    "than its limit. A row leaving frees its place when its transaction commits.",
+)
+COUNT_LIMITS = (
+    "SECURITY DEFINER: the application may read the counters, never write them; its own",
+    "direct writes (and the writer role's) are counted here like every other move.",
+)
+LIMITS_TRIGGERS = (
+    "The counting triggers fire for every role, the writer's included (no writer test in",
+    "their WHEN clauses): the limit is the table's, whoever moves the rows. A write that",
+    "neither enters nor leaves a limited state never reaches the function.",
+)

@@ -58,6 +58,14 @@ class Names:
     triple_check: str
     version_check: str  # the log's CHECK (version > 0) before format 4, now the commit-time check's
     writer: str  # the function naming this installation's writer role (install.prepare)
+    # 1.2, `limits`: the counter table, its keys, the function counting and its triggers
+    limits: str
+    limits_pkey: str
+    limits_check: str
+    count_limits: str
+    limits_insert: str
+    limits_update: str
+    limits_delete: str
 
     @staticmethod
     def of(machine: Machine) -> Names:
@@ -95,6 +103,13 @@ class Names:
             triple_check=sql_name(events, "transition_check"),
             version_check=sql_name(events, "version_check"),
             writer=sql_name(m, "fsmc_writer"),
+            limits=sql_name(m, "limits"),
+            limits_pkey=sql_name(m, "limits", "pkey"),
+            limits_check=sql_name(m, "limits", "held_check"),
+            count_limits=sql_name(m, "count_limits"),
+            limits_insert=sql_name(m, "limits_insert"),
+            limits_update=sql_name(m, "limits_update"),
+            limits_delete=sql_name(m, "limits_delete"),
         )
 
     @cached_property
