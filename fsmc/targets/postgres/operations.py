@@ -75,6 +75,14 @@ class RefuseIfPastCaps:
 
 
 @dataclass(frozen=True)
+class RefuseIfPastLimits:
+    """Refuse while a state NEW limits anew or lower already holds more rows than its
+    limit, naming the state, the limit and the count."""
+
+    limits: tuple[tuple[str, int], ...]  # (state, limit), raw, in NEW's state order
+
+
+@dataclass(frozen=True)
 class Guard:
     """The script's first block: the schema must be the one OLD built, on the
     search_path first; both tables are locked and the digest read again; then the
@@ -89,6 +97,7 @@ class Guard:
     id_column: str
     rows_in: RefuseIfRowsIn | None
     past_caps: RefuseIfPastCaps | None
+    past_limits: RefuseIfPastLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,23 @@ class FillCountColumns:
     events_table: str
     id_column: str
     caps: tuple[CapChange, ...]
+
+
+@dataclass(frozen=True)
+class CreateTable:
+    """A table NEW adds (1.2's limits counters), with the rows its file inserts."""
+
+    statement: str
+
+
+@dataclass(frozen=True)
+class FillLimits:
+    """1.2's limits counters made NEW's: a row per limited state with NEW's limit and
+    the rows already in it (the guard made sure none is past its limit), no other row."""
+
+    table: str
+    limits_table: str
+    limits: tuple[tuple[str, int], ...]  # (state, limit), raw
 
 
 @dataclass(frozen=True)
@@ -300,6 +326,14 @@ class ContractTable:
 
 
 @dataclass(frozen=True)
+class DropTables:
+    """Tables NEW lacks (1.2's limits counters, once no limit is left), after the
+    triggers and functions that used them."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class DropDomains:
     """OLD's domains NEW lacks, once no CHECK casts to them."""
 
@@ -339,11 +373,12 @@ class GrantMovers:
     events_table: str
     functions: tuple[str, ...]  # `install.callable_functions`
     writes: tuple[str, str]  # `install.app_writes`
+    limits_table: str = ""  # 1.2: the limits' counters, which the movers may read ("" without limits)
 
 
 Operation = (
     Begin | RefuseOutsideTransaction | SetLockTimeout | Guard | PrepareWriterRole | UpgradeFormat | Renames
-    | ExpandTable | FillCountColumns | StartHeartbeats | ClearClaims | ReplaceIndexes | CreateDomains
+    | ExpandTable | CreateTable | FillLimits | DropTables | FillCountColumns | StartHeartbeats | ClearClaims | ReplaceIndexes | CreateDomains
     | DropUnreplaceableFunctions | ReplaceFunctions | ReplaceConstraints | ReplaceViews | RecreateTriggers
     | ValidateCheck | ValidateHistoryCheck | DropObjects | ContractTable | DropDomains | RecordDigest
     | PinFunctions | GrantMovers | Commit
