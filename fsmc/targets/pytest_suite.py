@@ -34,6 +34,7 @@ class TestFileContext:
     otherwise: list[tuple[str, str, str, str]]  # 1.2: (state, event, otherwise, the budget's event)
     resets: list[tuple[str, str, list[str]]]  # 1.2: (state, event, the events whose budgets come back)
     per_row: list[tuple[str, int]]  # 1.2: (event, the largest cap a row may have)
+    limits: list[tuple[str, int]]  # 1.2: (state, the most rows it may hold)
     sample_id: str  # a Python expression
     sql: SuiteContext  # the database's side, SQLSTATEs included (`sql.codes`)
 
@@ -57,6 +58,7 @@ def emit(machine: Machine, pg: Build) -> str:
         otherwise=[(s, e, to, budget) for (s, e), (to, budget) in m.otherwise.items()],
         resets=[(s, e, list(events)) for (s, e), events in m.resets.items()],
         per_row=list(m.per_row_caps.items()),
+        limits=list(m.state_limits.items()),
         sample_id=ID_TYPES[m.postgres.id_type].sample,
         sql=suite_context(pg),
     )))

@@ -133,6 +133,12 @@ PER_ROW_CAPS: dict[str, int] = {
 }
 
 
+# 1.2: limited states -> the most rows each may hold at once.
+LIMITS: dict[str, int] = {
+    "running": 50,
+}
+
+
 _TARGET_SET: frozenset[tuple[str, str, str]] = frozenset(
     {(s, e, t) for (s, e), t in TABLE.items()} | {(s, e, t) for (s, e), ts in CHOICES.items() for t in ts}
 )
@@ -352,6 +358,14 @@ def test_the_budgets_are_the_specs() -> None:
     }
 
 
+def test_the_limits_are_the_specs() -> None:
+    assert {s.value: n for s, n in machine.LIMITS.items()} == LIMITS
+    error = machine.LimitReached(next(iter(STATES)), EVENTS[0], next(iter(LIMITS)), 3)
+    assert isinstance(error, machine.IllegalTransition)
+    again = pickle.loads(pickle.dumps(error))
+    assert (type(again), again.full, again.limit, str(again)) == (machine.LimitReached, error.full, 3, str(error))
+
+
 def _fields() -> dict[str, typing.Any]:
     return {f.name: f for f in dataclasses.fields(machine.Queue)}
 
@@ -415,6 +429,8 @@ SQL_ID_COLUMN = "queue_id"
 SQL_APPLY = "queue_apply"
 ILLEGAL_TRANSITION = "23F01"
 CAP_REACHED = "23F07"
+LIMIT_REACHED = "23F09"
+SQL_LIMITS = "queue_limits"
 BYPASS_WRITE = "23F04"
 UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
@@ -541,6 +557,9 @@ def db() -> collections.abc.Iterator[Database]:
         database = Database(driver, dsn, schema)
         with database.connect() as conn:
             conn.execute(SQL_FILE.read_text(encoding="utf-8"))
+            # These tests move many rows through every state: the limits are lifted here,
+            # and test_db_a_limit_holds_against_a_race holds each in a schema of its own.
+            conn.execute(f"UPDATE {SQL_LIMITS} SET max_rows = 1000000")
             conn.commit()
         yield database
     finally:
@@ -937,3 +956,95 @@ def test_db_a_row_has_its_own_cap_fixed_at_insert(db: Database) -> None:
                 fsm.transition(conn, row_id, event, expected_version=version, actor="test", to=to, schema=db.schema)
             assert raised.value.cap == 0
             conn.rollback()
+
+
+@pytest.fixture
+def limited() -> collections.abc.Iterator[Database]:
+    """A schema of its own, with the spec's limits (the shared one lifts them)."""
+    dsn = os.environ.get("FSMC_PG_DSN")
+    if not dsn:
+        pytest.skip("set FSMC_PG_DSN to a PostgreSQL database to run the database checks")
+    driver = pytest.importorskip("psycopg")
+    schema = f"fsmc_test_{uuid.uuid4().hex[:16]}"
+    with driver.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        database = Database(driver, dsn, schema)
+        with database.connect() as conn:
+            conn.execute(SQL_FILE.read_text(encoding="utf-8"))
+            conn.commit()
+        yield database
+    finally:
+        with driver.connect(dsn, autocommit=True) as admin:
+            writer = admin.execute(f'SELECT "{schema}".queue_fsmc_writer()').fetchone()[0]
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            admin.execute(f'DROP OWNED BY "{writer}"')
+            admin.execute(f'DROP ROLE "{writer}"')
+
+
+RACERS = 4
+
+
+@pytest.mark.parametrize("state", sorted(LIMITS))
+def test_db_a_limit_holds_against_a_race(limited: Database, state: str) -> None:
+    """`state` filled to its limit (3 at most here: the mechanism is the same), then
+    RACERS connections at once move a row each into it after one place is freed (when
+    the state has a way out): exactly that many win, the others get LimitReached,
+    and the state never holds more than its limit."""
+    db, limit = limited, min(LIMITS[state], 3)
+    with db.connect() as conn:
+        conn.execute(f"UPDATE {SQL_LIMITS} SET max_rows = CASE WHEN state = %s THEN %s ELSE 1000000 END",
+                     (state, limit))  # fmt: skip
+        conn.commit()
+        entries = [(len(p), born, p) for born in INITIALS if (p := _walk(born, {state})) and p[-1][0]]
+        if not entries:  # rows are only born there: an INSERT past the limit is refused
+            for _ in range(limit):
+                db.new_row(conn, state)
+            conn.commit()
+            with pytest.raises(Exception) as raised:
+                db.new_row(conn, state)
+            conn.rollback()
+            assert getattr(raised.value, "sqlstate", None) == LIMIT_REACHED
+            return
+        _, born, path = min(entries)
+        held = [db.row_in(conn, state)[0] for _ in range(limit)]
+        waiting = []
+        for _ in range(RACERS):
+            row_id = db.new_row(conn, born)
+            waiting.append((row_id, db.walk(conn, row_id, 0, path[:-1])))
+        conn.commit()
+        event, to = path[-1]
+        with pytest.raises(fsm.LimitReached):
+            fsm.transition(conn, waiting[0][0], event, expected_version=waiting[0][1], actor="test", to=to,
+                           schema=db.schema)  # fmt: skip
+        conn.rollback()
+        ways_out = [(e, t) for e, t, nxt in _moves(state) if nxt != state]
+        freed = 0
+        if ways_out:
+            out_event, out_to = ways_out[0]
+            version = db.row(conn, held[0])[1]
+            db.walk(conn, held[0], version, [(out_event, out_to)])
+            conn.commit()
+            freed = 1
+    barrier = threading.Barrier(RACERS)
+    outcomes: list[str] = []
+
+    def race(row_id: typing.Any, version: int) -> None:
+        with db.connect() as mine:
+            barrier.wait()
+            try:
+                fsm.transition(mine, row_id, event, expected_version=version, actor="racer", to=to, schema=db.schema)
+                mine.commit()
+                outcomes.append("moved")
+            except fsm.LimitReached:
+                mine.rollback()
+                outcomes.append("refused")
+
+    racers = [threading.Thread(target=race, args=pair) for pair in waiting]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(30)
+    assert sorted(outcomes) == sorted(["moved"] * freed + ["refused"] * (RACERS - freed))
+    with db.connect() as conn:
+        assert conn.execute(f"SELECT count(*) FROM {SQL_TABLE} WHERE state = %s", (state,)).fetchone() == (limit,)

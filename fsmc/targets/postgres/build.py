@@ -268,6 +268,7 @@ class SuiteContext:
     codes: Codes
     lease: bool
     grants: list[str]  # `app_grants`, with `{schema}` and `{role}` for the quoted names
+    limits_table: str  # 1.2: the limits' counters ("" without limits)
 
 
 # --- the build -------------------------------------------------------------------------
@@ -689,6 +690,7 @@ def suite_context(b: Build) -> SuiteContext:
         codes=Codes(),
         lease=b.machine.lease is not None,
         grants=list(b.install.grants),
+        limits_table=n.limits if b.machine.state_limits else "",
     )
 
 
