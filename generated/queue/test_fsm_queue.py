@@ -558,7 +558,7 @@ def db() -> collections.abc.Iterator[Database]:
         with database.connect() as conn:
             conn.execute(SQL_FILE.read_text(encoding="utf-8"))
             # These tests move many rows through every state: the limits are lifted here,
-            # and test_db_a_limit_holds_against_a_race holds each in a schema of its own.
+            # and test_db_a_limit_holds_against_a_race sets each back for its own rows.
             conn.execute(f"UPDATE {SQL_LIMITS} SET max_rows = 1000000")
             conn.commit()
         yield database
@@ -958,47 +958,35 @@ def test_db_a_row_has_its_own_cap_fixed_at_insert(db: Database) -> None:
             conn.rollback()
 
 
-@pytest.fixture
-def limited() -> collections.abc.Iterator[Database]:
-    """A schema of its own, with the spec's limits (the shared one lifts them)."""
-    dsn = os.environ.get("FSMC_PG_DSN")
-    if not dsn:
-        pytest.skip("set FSMC_PG_DSN to a PostgreSQL database to run the database checks")
-    driver = pytest.importorskip("psycopg")
-    schema = f"fsmc_test_{uuid.uuid4().hex[:16]}"
-    with driver.connect(dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        database = Database(driver, dsn, schema)
-        with database.connect() as conn:
-            conn.execute(SQL_FILE.read_text(encoding="utf-8"))
-            conn.commit()
-        yield database
-    finally:
-        with driver.connect(dsn, autocommit=True) as admin:
-            writer = admin.execute(f'SELECT "{schema}".queue_fsmc_writer()').fetchone()[0]
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-            admin.execute(f'DROP OWNED BY "{writer}"')
-            admin.execute(f'DROP ROLE "{writer}"')
-
-
 RACERS = 4
 
 
 @pytest.mark.parametrize("state", sorted(LIMITS))
-def test_db_a_limit_holds_against_a_race(limited: Database, state: str) -> None:
-    """`state` filled to its limit (3 at most here: the mechanism is the same), then
-    RACERS connections at once move a row each into it after one place is freed (when
-    the state has a way out): exactly that many win, the others get LimitReached,
-    and the state never holds more than its limit."""
-    db, limit = limited, min(LIMITS[state], 3)
+def test_db_a_limit_holds_against_a_race(db: Database, state: str) -> None:
+    """`state` filled to its limit (its rows so far plus 3 at most, in the shared schema:
+    the mechanism is the same), then RACERS connections at once move a row each into
+    it after one place is freed (when the state has a way out): exactly that many
+    win, the others get LimitReached, and the state never holds more than its limit."""
     with db.connect() as conn:
-        conn.execute(f"UPDATE {SQL_LIMITS} SET max_rows = CASE WHEN state = %s THEN %s ELSE 1000000 END",
-                     (state, limit))  # fmt: skip
+        before = conn.execute(f"SELECT held FROM {SQL_LIMITS} WHERE state = %s", (state,)).fetchone()[0]
+        limit = before + min(LIMITS[state], 3)
+        conn.execute(f"UPDATE {SQL_LIMITS} SET max_rows = %s WHERE state = %s", (limit, state))
         conn.commit()
+    try:
+        _race_into(db, state, limit - before)
+        with db.connect() as conn:
+            assert conn.execute(f"SELECT count(*) FROM {SQL_TABLE} WHERE state = %s", (state,)).fetchone() == (limit,)
+    finally:
+        with db.connect() as conn:
+            conn.execute(f"UPDATE {SQL_LIMITS} SET max_rows = 1000000 WHERE state = %s", (state,))
+            conn.commit()
+
+
+def _race_into(db: Database, state: str, room: int) -> None:
+    with db.connect() as conn:
         entries = [(len(p), born, p) for born in INITIALS if (p := _walk(born, {state})) and p[-1][0]]
         if not entries:  # rows are only born there: an INSERT past the limit is refused
-            for _ in range(limit):
+            for _ in range(room):
                 db.new_row(conn, state)
             conn.commit()
             with pytest.raises(Exception) as raised:
@@ -1007,7 +995,7 @@ def test_db_a_limit_holds_against_a_race(limited: Database, state: str) -> None:
             assert getattr(raised.value, "sqlstate", None) == LIMIT_REACHED
             return
         _, born, path = min(entries)
-        held = [db.row_in(conn, state)[0] for _ in range(limit)]
+        held = [db.row_in(conn, state)[0] for _ in range(room)]
         waiting = []
         for _ in range(RACERS):
             row_id = db.new_row(conn, born)
@@ -1046,5 +1034,3 @@ def test_db_a_limit_holds_against_a_race(limited: Database, state: str) -> None:
     for racer in racers:
         racer.join(30)
     assert sorted(outcomes) == sorted(["moved"] * freed + ["refused"] * (RACERS - freed))
-    with db.connect() as conn:
-        assert conn.execute(f"SELECT count(*) FROM {SQL_TABLE} WHERE state = %s", (state,)).fetchone() == (limit,)
