@@ -470,5 +470,16 @@ def test_an_insert_into_a_full_initial_state_is_refused(pg_dsn: str) -> None:
             db.new_row(app)  # the finished row's place, in the same transaction
             app.commit()
             assert app.execute(b"SELECT held FROM gate_limits").fetchone() == (2,)
+        # A TRUNCATE (the owner's, of rows without history: the guard refuses the others)
+        # empties the state, and its counter with it.
+        with db.owner() as owner:
+            assert sqlstate_of(refused(owner, db.q("TRUNCATE {table}"))) == "23F06"  # a row has history
+        with db.connect() as app:
+            assert app.execute(db.q("SELECT {purge}('1 microsecond', 100)")).fetchone() == (1,)
+            app.commit()
+        with db.owner() as owner:
+            owner.execute(db.q("TRUNCATE {table}"))
+            owner.commit()
+            assert owner.execute(b"SELECT held FROM gate_limits").fetchone() == (0,)
     finally:
         db.drop()

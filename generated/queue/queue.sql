@@ -890,6 +890,10 @@ AS $fsmc$
 DECLARE
     v_max integer;
 BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        UPDATE queue_limits AS l SET held = 0 WHERE l.held <> 0;
+        RETURN NULL;
+    END IF;
     IF TG_OP = 'UPDATE' AND OLD.state = ANY ('{"running"}'::text[]) AND NEW.state = ANY ('{"running"}'::text[]) THEN
         -- Between two limited states: both counter rows locked in one order (the key's),
         -- so two rows crossing in opposite directions cannot deadlock.
@@ -1009,6 +1013,10 @@ EXECUTE FUNCTION queue_count_limits();
 CREATE TRIGGER queue_limits_delete AFTER DELETE ON queue_jobs
 FOR EACH ROW
 WHEN (OLD.state = ANY ('{"running"}'::text[]))
+EXECUTE FUNCTION queue_count_limits();
+
+CREATE TRIGGER queue_limits_truncate AFTER TRUNCATE ON queue_jobs
+FOR EACH STATEMENT
 EXECUTE FUNCTION queue_count_limits();
 
 -- The writer role gets what the functions need, then the functions that move rows.

@@ -472,6 +472,8 @@ def build(machine: Machine) -> Build:
                     when=f"OLD.state IS DISTINCT FROM NEW.state AND ({c.limits.old_limited} OR {c.limits.new_limited})",
                     comment=comments.LIMITS_TRIGGERS),  # fmt: skip
             Trigger(n.limits_delete, n.table, "AFTER", "DELETE", n.count_limits, when=c.limits.old_limited),
+            # A TRUNCATE of rows without history (the guard refuses the others) empties every state.
+            Trigger(n.limits_truncate, n.table, "AFTER", "TRUNCATE", n.count_limits, for_each="STATEMENT"),
         )
     schema = Schema(tables, indexes, tuple(f for _, f in functions), triggers, views, domains)
     every = (*dict.fromkeys(raw for raw, _ in functions), names.writer)

@@ -66,6 +66,7 @@ class Names:
     limits_insert: str
     limits_update: str
     limits_delete: str
+    limits_truncate: str
 
     @staticmethod
     def of(machine: Machine) -> Names:
@@ -110,6 +111,7 @@ class Names:
             limits_insert=sql_name(m, "limits_insert"),
             limits_update=sql_name(m, "limits_update"),
             limits_delete=sql_name(m, "limits_delete"),
+            limits_truncate=sql_name(m, "limits_truncate"),
         )
 
     @cached_property
