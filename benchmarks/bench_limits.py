@@ -4,7 +4,7 @@ Three schemas of one small machine (queued -> running -> queued or done), each i
 its own PostgreSQL schema, measured side by side in interleaved rounds through a
 Python client (psycopg), at 1 and 8 clients:
 
-- `limited`: the spec with `limits: {running: 50}` (the counter row, the trigger);
+- `limited`: the spec with `limits: {running: 50}` (its slots, the trigger);
 - `unlimited`: the same spec without limits (its `.sql` has no table, no trigger);
 - `advisory`: the unlimited schema, with the limit kept by hand as people write it
   today: `pg_advisory_xact_lock` on the state, then `count(*)` of its rows, then the

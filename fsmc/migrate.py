@@ -398,7 +398,7 @@ def identity_sequence(table: str, column: str) -> str:
 
 
 # --- the difference of two schemas (mid's and NEW's, under the same names) -----------------
-# Tables are the same ones, but for 1.2's limits counters, which a spec's first limit
+# Tables are the same ones, but for 1.2's limits slots, which a spec's first limit
 # adds (CreateTable) and its last one drops (DropTables).
 
 
@@ -419,7 +419,7 @@ def expand(mid: Schema, new: Schema) -> list[Operation]:
 
 def kept_tables(mid: Schema, new: Schema) -> list[tuple[Table, Table]]:
     """(mid's, NEW's) of each table both have, in NEW's order: the machine's table, its
-    log and the purge tickets always, the limits counters (1.2) when both limit."""
+    log and the purge tickets always, the limits slots (1.2) when both limit."""
     had = {t.name: t for t in mid.tables}
     return [(had[t.name], t) for t in new.tables if t.name in had]
 

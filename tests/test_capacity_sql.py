@@ -7,7 +7,7 @@ direct writes with their event rows, and all three mixed, while a sampler counts
 rows in `running` in a loop: no sample ever sees more than 3, no call fails but with
 the documented 23F09, and every row ends in `done` with a log that replays to it.
 A READ COMMITTED statement sees every transaction committed before it began, so each
-sample is the table as of some commit; the counters are checked against the rows
+sample is the table as of some commit; the slots held are checked against the rows
 at the end.
 """
 
@@ -76,7 +76,7 @@ def pool(pg_dsn: str) -> Iterator[Scratch]:
 
 def fresh(db: Scratch, count: int) -> list[int]:
     """`count` new rows in queued, once every earlier test's row is done or dead (moved
-    there legally, so the counters stay true)."""
+    there legally, so the slots stay true)."""
     with db.connect() as app:
         for row_id, state, version in app.execute(db.q(
                 "SELECT id, state, state_version FROM {table} WHERE state IN ('running', 'stalled', 'failed')")).fetchall():
@@ -100,7 +100,8 @@ def drain(db: Scratch, conn: psycopg.Connection[Any]) -> None:
 
 
 def held(conn: psycopg.Connection[Any]) -> dict[str, int]:
-    return dict(conn.execute(b"SELECT state, held FROM pool_limits").fetchall())
+    """Each limited state's slots held (a row in the state holds one)."""
+    return dict(conn.execute(b"SELECT state, count(holder)::int FROM pool_limits GROUP BY state").fetchall())
 
 
 def counted(db: Scratch, conn: psycopg.Connection[Any]) -> dict[str, int]:
@@ -307,10 +308,10 @@ def test_a_move_into_a_full_state_is_refused_and_changes_nothing(pool: Scratch, 
         assert held(app) == counted(db, app) == {"running": 3, "stalled": 1}
 
 
-def test_the_counters_cannot_be_written_by_the_application(pool: Scratch) -> None:
+def test_the_slots_cannot_be_written_by_the_application(pool: Scratch) -> None:
     with pool.connect() as app:
-        assert sqlstate_of(refused(app, b"UPDATE pool_limits SET held = 0")) == "42501"
-        assert sqlstate_of(refused(app, b"UPDATE pool_limits SET max_rows = 1000")) == "42501"
+        assert sqlstate_of(refused(app, b"UPDATE pool_limits SET holder = NULL")) == "42501"
+        assert sqlstate_of(refused(app, b"INSERT INTO pool_limits (state, slot) VALUES ('running', 99)")) == "42501"
         assert sqlstate_of(refused(app, b"DELETE FROM pool_limits")) == "42501"
 
 
@@ -361,37 +362,22 @@ def test_a_place_is_free_when_the_leaving_transaction_commits_and_not_before(poo
         assert held(app) == counted(db, app) == {"running": 3, "stalled": 0}
 
 
-def test_a_mover_into_the_last_place_waits_for_the_one_ahead_of_it(pool: Scratch) -> None:
-    """Two movers racing for the last place: the second waits on the counter row and,
-    under READ COMMITTED, reads it again once the first commits (refused) or rolls
-    back (it moves)."""
+def test_a_mover_into_the_last_place_is_refused_while_another_takes_it(pool: Scratch) -> None:
+    """Two movers racing for the last place: the second finds its slot taken (SKIP
+    LOCKED: it does not wait) and is refused at once, whether the first then commits or
+    rolls back; once the first rolled back, the place is free again."""
     db = pool
     fresh(db, 0)
     with db.connect() as app, db.connect() as first:
         [walk_to(db, app, ["start"]) for _ in range(LIMIT - 1)]
-        for outcome, expected in (("rollback", 1), ("commit", LIMIT_REACHED)):
-            a, b = walk_to(db, app, []), walk_to(db, app, [])
-            assert db.apply(first, a, "start", 0) == 1
-            result: list[Any] = []
-
-            def enter(row_id: int = b, result: list[Any] = result) -> None:
-                with db.connect() as conn:
-                    try:
-                        result.append(db.apply(conn, row_id, "start", 0))
-                        conn.commit()
-                    except psycopg.Error as error:
-                        result.append(sqlstate_of(error))
-
-            t = threading.Thread(target=enter)
-            t.start()
-            time.sleep(0.3)
-            assert result == [], "the second mover must wait for the first"
-            getattr(first, outcome)()
-            t.join()
-            assert result == [expected]
-            if outcome == "rollback":
-                assert db.apply(app, b, "finish", 1) == 2  # back to one free place
-                app.commit()
+        a, b = walk_to(db, app, []), walk_to(db, app, [])
+        assert db.apply(first, a, "start", 0) == 1  # the last place, not committed
+        started = time.monotonic()
+        assert sqlstate_of(refused(app, db.q("SELECT {apply}(%s, 'start', 0, 'tester')"), (b,))) == LIMIT_REACHED
+        assert time.monotonic() - started < 5, "the second mover must not wait for the first"
+        first.rollback()
+        assert db.apply(app, b, "start", 0) == 1
+        app.commit()
         assert held(app) == counted(db, app) == {"running": 3, "stalled": 0}
 
 
@@ -433,25 +419,11 @@ def test_under_repeatable_read_a_lost_race_for_the_last_place_is_40001(pool: Scr
         [walk_to(db, app, ["start"]) for _ in range(LIMIT - 1)]
         a, b = walk_to(db, app, []), walk_to(db, app, [])
     with db.connect() as first, db.connect() as second:
-        for conn in (first, second):
-            conn.execute(b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            conn.execute(db.q("SELECT count(*) FROM {table}"))  # take the snapshot now
+        second.execute(b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        second.execute(db.q("SELECT count(*) FROM {table}"))  # its snapshot: the last place free
         assert db.apply(first, a, "start", 0) == 1
-        outcome: list[Any] = []
-
-        def enter() -> None:
-            try:
-                outcome.append(db.apply(second, b, "start", 0))
-            except psycopg.Error as error:
-                outcome.append(sqlstate_of(error))
-
-        t = threading.Thread(target=enter)
-        t.start()
-        time.sleep(0.2)
-        first.commit()
-        t.join()
-        second.rollback()
-        assert outcome == ["40001"]
+        first.commit()  # taken, after second's snapshot
+        assert sqlstate_of(refused(second, db.q("SELECT {apply}(%s, 'start', 0, 'tester')"), (b,))) == "40001"
     with db.connect() as app:
         assert held(app) == counted(db, app) == {"running": 3, "stalled": 0}
 
@@ -469,9 +441,9 @@ def test_an_insert_into_a_full_initial_state_is_refused(pg_dsn: str) -> None:
             assert db.apply(app, first, "finish", 0) == 1
             db.new_row(app)  # the finished row's place, in the same transaction
             app.commit()
-            assert app.execute(b"SELECT held FROM gate_limits").fetchone() == (2,)
+            assert app.execute(b"SELECT count(holder) FROM gate_limits").fetchone() == (2,)
         # A TRUNCATE (the owner's, of rows without history: the guard refuses the others)
-        # empties the state, and its counter with it.
+        # empties the state, and frees its slots.
         with db.owner() as owner:
             assert sqlstate_of(refused(owner, db.q("TRUNCATE {table}"))) == "23F06"  # a row has history
         with db.connect() as app:
@@ -480,6 +452,6 @@ def test_an_insert_into_a_full_initial_state_is_refused(pg_dsn: str) -> None:
         with db.owner() as owner:
             owner.execute(db.q("TRUNCATE {table}"))
             owner.commit()
-            assert owner.execute(b"SELECT held FROM gate_limits").fetchone() == (0,)
+            assert owner.execute(b"SELECT count(holder) FROM gate_limits").fetchone() == (0,)
     finally:
         db.drop()

@@ -231,7 +231,7 @@ def test_a_migrated_database_is_a_fresh_build_of_new_holding_every_row_and_event
         claims_after(old, new, before, after, started)
         now, logged = counts(db, new)
         assert now == logged  # each cap's count, as many as its event rows
-        assert limit_counters(db, new) == limit_rows(db, new)  # each limit's counter, the rows in its state
+        assert limit_counters(db, new) == limit_rows(db, new)  # each limit's slots held, the rows in its state
 
         # (2) Contract 4.2 on the migrated database, old rows included.
         db2 = migrated(db, new, (old, before.versions))
@@ -553,15 +553,16 @@ def test_adding_or_lowering_a_cap_refuses_rows_past_it_and_fills_counts_from_his
             assert fire_until_refused(db2, row_id, event) == new.cap_limits[event] - k
 
 
-# --- limits (1.2): counters from the rows, and states past a new limit ---------------------
+# --- limits (1.2): slots from the rows, and states past a new limit ---------------------
 
 
 def limit_counters(db: Scratch, machine: Machine) -> dict[str, tuple[int, int]]:
-    """Limited state -> (its limit, its counter), as the database holds them."""
+    """Limited state -> (its limit, the slots held), as the database holds them."""
     if not machine.state_limits:
         return {}
     with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
-        rows = conn.execute(f"SELECT state, max_rows, held FROM {Names.of(machine).sql.limits}".encode()).fetchall()
+        rows = conn.execute(f"SELECT state, count(*), count(holder) FROM {Names.of(machine).sql.limits}"
+                            " GROUP BY state".encode()).fetchall()  # fmt: skip
     return {r[0]: (r[1], r[2]) for r in rows}
 
 

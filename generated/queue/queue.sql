@@ -131,21 +131,22 @@ CREATE TABLE queue_purge_tickets (
     CONSTRAINT queue_purge_tickets_pkey PRIMARY KEY (xid)
 );
 
--- 1.2's limits: one counter row per limited state. A move into the state adds one to
--- `held` under the row's lock, and only while `held < max_rows`; a move out (or a
--- delete) takes one off. The lock is held to COMMIT, so movers into one state queue on
--- it, and under READ COMMITTED each re-reads the newest `held` once it has the lock:
--- however many transactions move rows at once, no commit leaves more rows in the state
--- than its limit. A row leaving frees its place when its transaction commits.
+-- 1.2's limits: one row per place, as many slots per limited state as its limit. A row
+-- entering the state takes a free slot (`holder`, its id) that no other transaction
+-- holds (FOR UPDATE SKIP LOCKED), or is refused when there is none: two movers never
+-- take one slot, and movers into one state do not queue behind each other. A row
+-- leaving frees its slot, which is free for others once its transaction commits. So
+-- no commit ever leaves more rows in a state than its slots, under READ COMMITTED too.
 CREATE TABLE queue_limits (
     state text NOT NULL,
-    max_rows integer NOT NULL,
-    held integer NOT NULL DEFAULT 0,
-    CONSTRAINT queue_limits_pkey PRIMARY KEY (state),
-    CONSTRAINT queue_limits_held_check CHECK (held BETWEEN 0 AND max_rows)
+    slot integer NOT NULL,
+    holder bigint,
+    CONSTRAINT queue_limits_pkey PRIMARY KEY (state, slot),
+    CONSTRAINT queue_limits_holder_key UNIQUE (holder)
 );
-INSERT INTO queue_limits (state, max_rows) VALUES
-    ('running', 50);
+INSERT INTO queue_limits (state, slot)
+SELECT v.state, pg_catalog.generate_series(1, v.slots)
+FROM (VALUES ('running', 50)) AS v (state, slots);
 
 -- The reclaim scan reads only rows in a lease state. Keyed on state, not heartbeat_at:
 -- a heartbeat then changes no indexed column and stays a HOT update.
@@ -160,6 +161,10 @@ CREATE INDEX queue_jobs_claim_idx ON queue_jobs (entered_at)
 
 CREATE INDEX queue_jobs_purge_idx ON queue_jobs (entered_at)
     WHERE state IN ('completed', 'cancelled', 'discarded');
+
+-- The free slots, which an entering row's scan reads in slot order.
+CREATE INDEX queue_limits_free_idx ON queue_limits (state, slot)
+    WHERE holder IS NULL;
 
 -- Every stay of every row in a state: the first from created_at (no event brought it
 -- in), each later one from the event that brought it in, to the event that took it out
@@ -460,6 +465,8 @@ DECLARE
     v_sources text[];
     v_rows integer := queue_claim.max_rows;
     v_limited text[];
+    v_full text;
+    v_free bigint;
 BEGIN
     IF v_event IS NULL OR queue_claim.actor IS NULL OR queue_claim.max_rows IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
@@ -492,16 +499,17 @@ BEGIN
                                         v_event, queue_claim.to_state),
             DETAIL = pg_catalog.format('event=%s to_state=%s', v_event, queue_claim.to_state);
     END IF;
-    -- Limits: lock the counter rows of the limited states this event leaves or enters
-    -- (in the key's order, as the counting trigger does), and move no more rows than the
-    -- fullest state it may enter has free places: the trigger's count then never
-    -- refuses this claim, and other movers into those states wait until it commits.
-    v_limited := CASE v_event WHEN 'fetch' THEN '{"running"}'::text[] WHEN 'complete' THEN '{"running"}'::text[] WHEN 'error' THEN '{"running"}'::text[] WHEN 'rescue' THEN '{"running"}'::text[] END;
+    -- Limits: lock free slots of each limited state this event may move rows into (SKIP
+    -- LOCKED: those no other transaction is taking), and move no more rows than the
+    -- fewest: the trigger then takes those slots, and this claim never fails for want of them.
+    v_limited := CASE v_event WHEN 'fetch' THEN '{"running"}'::text[] END;
     IF v_limited IS NOT NULL THEN
-        SELECT LEAST(v_rows, coalesce(pg_catalog.min(l.max_rows - l.held) FILTER (WHERE l.state = ANY (CASE v_event WHEN 'fetch' THEN '{"running"}'::text[] END)), v_rows))
-        INTO v_rows
-        FROM (SELECT l.state, l.max_rows, l.held FROM queue_limits AS l
-              WHERE l.state = ANY (v_limited) ORDER BY l.state FOR UPDATE) AS l;
+        FOREACH v_full IN ARRAY v_limited LOOP
+            SELECT pg_catalog.count(*) INTO v_free
+            FROM (SELECT l.slot FROM queue_limits AS l WHERE l.state = v_full AND l.holder IS NULL
+                  ORDER BY l.slot LIMIT v_rows FOR UPDATE SKIP LOCKED) AS l;
+            v_rows := LEAST(v_rows, v_free::integer);
+        END LOOP;
     END IF;
     -- One statement: lock the oldest rows in the event's source states that no other
     -- transaction holds (SKIP LOCKED: two claimers never wait for, or both take, one
@@ -882,32 +890,30 @@ BEGIN
 END
 $fsmc$;
 
--- SECURITY DEFINER: the application may read the counters, never write them; its own
+-- SECURITY DEFINER: the application may read the slots, never write them; its own
 -- direct writes (and the writer role's) are counted here like every other move.
 CREATE FUNCTION queue_count_limits() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 DECLARE
-    v_max integer;
+    v_slot integer;
+    v_max bigint;
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
-        UPDATE queue_limits AS l SET held = 0 WHERE l.held <> 0;
+        UPDATE queue_limits AS l SET holder = NULL WHERE l.holder IS NOT NULL;
         RETURN NULL;
     END IF;
-    IF TG_OP = 'UPDATE' AND OLD.state = ANY ('{"running"}'::text[]) AND NEW.state = ANY ('{"running"}'::text[]) THEN
-        -- Between two limited states: both counter rows locked in one order (the key's),
-        -- so two rows crossing in opposite directions cannot deadlock.
-        PERFORM FROM queue_limits AS l WHERE l.state IN (OLD.state, NEW.state) ORDER BY l.state FOR UPDATE;
-    END IF;
     IF TG_OP <> 'INSERT' AND OLD.state = ANY ('{"running"}'::text[]) THEN
-        UPDATE queue_limits AS l SET held = l.held - 1 WHERE l.state = OLD.state;
+        UPDATE queue_limits AS l SET holder = NULL WHERE l.holder = OLD.id;
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.state = ANY ('{"running"}'::text[]) THEN
-        -- Waits for the lock of any other mover into this state, then re-reads `held`
-        -- (READ COMMITTED re-checks the WHERE on the newest row version).
-        UPDATE queue_limits AS l SET held = l.held + 1 WHERE l.state = NEW.state AND l.held < l.max_rows;
+        -- A free slot no other transaction holds: SKIP LOCKED, so movers into one state
+        -- never wait for each other (a slot another is taking is not free).
+        SELECT l.slot INTO v_slot FROM queue_limits AS l
+        WHERE l.state = NEW.state AND l.holder IS NULL
+        ORDER BY l.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
-            SELECT l.max_rows INTO v_max FROM queue_limits AS l WHERE l.state = NEW.state;
+            SELECT pg_catalog.count(*) INTO v_max FROM queue_limits AS l WHERE l.state = NEW.state;
             IF TG_OP = 'INSERT' THEN
                 RAISE EXCEPTION USING ERRCODE = '23F09',
                     MESSAGE = pg_catalog.format('queue %s: state "%s" already holds %s rows, its limit; refusing to insert a row there',
@@ -921,6 +927,7 @@ BEGIN
                 DETAIL = pg_catalog.format('state=%s to=%s limit=%s', OLD.state, NEW.state, v_max),
                 HINT = 'try again once a row has left that state (its place is free when that transaction commits)';
         END IF;
+        UPDATE queue_limits AS l SET holder = NEW.id WHERE l.state = NEW.state AND l.slot = v_slot;
     END IF;
     RETURN NULL;
 END
@@ -1029,7 +1036,7 @@ BEGIN
     EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'queue_jobs', v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'queue_job_events', v_role);
-    -- queue_claim locks the counter rows of the limited states it moves rows into.
+    -- queue_claim locks free slots of the limited states it moves rows into.
     EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'queue_limits', v_role);
     FOR v_function IN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args

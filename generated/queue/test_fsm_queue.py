@@ -557,9 +557,9 @@ def db() -> collections.abc.Iterator[Database]:
         database = Database(driver, dsn, schema)
         with database.connect() as conn:
             conn.execute(SQL_FILE.read_text(encoding="utf-8"))
-            # These tests move many rows through every state: the limits are lifted here,
-            # and test_db_a_limit_holds_against_a_race sets each back for its own rows.
-            conn.execute(f"UPDATE {SQL_LIMITS} SET max_rows = 1000000")
+            # These tests move many rows through every state: the limits are lifted here
+            # (more slots), and test_db_a_limit_holds_against_a_race sets each back.
+            _add_slots(conn, None, LIFTED)
             conn.commit()
         yield database
     finally:
@@ -961,24 +961,43 @@ def test_db_a_row_has_its_own_cap_fixed_at_insert(db: Database) -> None:
 RACERS = 4
 
 
+LIFTED = 10000  # slots the shared schema adds to each limited state
+
+
+def _add_slots(conn: typing.Any, state: str | None, count: int) -> None:
+    """`count` more free slots for `state` (None: every limited state), as the owner."""
+    conn.execute(
+        f"INSERT INTO {SQL_LIMITS} (state, slot) SELECT l.state, l.last + g"
+        f" FROM (SELECT state, max(slot) AS last FROM {SQL_LIMITS} GROUP BY state) AS l,"
+        " generate_series(1, %s) AS g WHERE %s::text IS NULL OR l.state = %s",
+        (count, state, state),
+    )
+
+
 @pytest.mark.parametrize("state", sorted(LIMITS))
 def test_db_a_limit_holds_against_a_race(db: Database, state: str) -> None:
     """`state` filled to its limit (its rows so far plus 3 at most, in the shared schema:
     the mechanism is the same), then RACERS connections at once move a row each into
     it after one place is freed (when the state has a way out): exactly that many
     win, the others get LimitReached, and the state never holds more than its limit."""
+    room = min(LIMITS[state], 3)
     with db.connect() as conn:
-        before = conn.execute(f"SELECT held FROM {SQL_LIMITS} WHERE state = %s", (state,)).fetchone()[0]
-        limit = before + min(LIMITS[state], 3)
-        conn.execute(f"UPDATE {SQL_LIMITS} SET max_rows = %s WHERE state = %s", (limit, state))
+        before = conn.execute(f"SELECT count(holder) FROM {SQL_LIMITS} WHERE state = %s", (state,)).fetchone()[0]
+        # Keep `room` free slots: the others go for this test.
+        conn.execute(
+            f"DELETE FROM {SQL_LIMITS} WHERE state = %s AND holder IS NULL AND slot NOT IN"
+            f" (SELECT slot FROM {SQL_LIMITS} WHERE state = %s AND holder IS NULL ORDER BY slot LIMIT %s)",
+            (state, state, room),
+        )
         conn.commit()
     try:
-        _race_into(db, state, limit - before)
+        _race_into(db, state, room)
         with db.connect() as conn:
-            assert conn.execute(f"SELECT count(*) FROM {SQL_TABLE} WHERE state = %s", (state,)).fetchone() == (limit,)
+            got = conn.execute(f"SELECT count(*) FROM {SQL_TABLE} WHERE state = %s", (state,)).fetchone()
+            assert got == (before + room,)
     finally:
         with db.connect() as conn:
-            conn.execute(f"UPDATE {SQL_LIMITS} SET max_rows = 1000000 WHERE state = %s", (state,))
+            _add_slots(conn, state, LIFTED)
             conn.commit()
 
 

@@ -62,6 +62,13 @@ What the file builds, and why it is shaped so:
   predicate on the newest row version, so a refreshed heartbeat saves its row; two
   supervisors never wait for or deadlock on each other, and each row is reclaimed
   once), then moves them and appends their events, all in one statement.
+- With `limits` (1.2): `<machine>_limits`, one row per place (a limit of 50 is 50
+  slots), and triggers on T for every role, the writer's included: a row entering a
+  limited state takes a free slot no other transaction holds (FOR UPDATE SKIP LOCKED)
+  or is refused (23F09), a row leaving frees its own. Two transactions never hold one
+  slot, so no commit exceeds the limit under READ COMMITTED, and movers into one state
+  do not queue behind each other (a counter row per state did: every mover held it to
+  its commit). `_claim` locks free slots first and picks no more rows than it got.
 - `<machine>_fsmc_digest()` returns `fsmc.digest.machine_digest` (see there).
 - Every function's `search_path` is pinned to `pg_catalog`, the schema it was
   created in and `pg_temp` last (`install`'s pin, the file's last statement), so
@@ -205,10 +212,9 @@ class LimitsContext:
 
     new_limited: str  # NEW.state is a limited state
     old_limited: str  # OLD.state is a limited state
-    # (event, the limited states among its sources, targets and otherwise, a text[]):
-    # the counter rows `_claim` locks before it picks rows
-    claim_rooms: list[tuple[str, str]]
-    full_targets: str  # the limited states a claim may move rows into, as a CASE on v_event (a text[])
+    # (event, the limited states among its targets and otherwise, a text[]): where
+    # `_claim` locks free slots before it picks rows
+    claim_targets: list[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -268,7 +274,7 @@ class SuiteContext:
     codes: Codes
     lease: bool
     grants: list[str]  # `app_grants`, with `{schema}` and `{role}` for the quoted names
-    limits_table: str  # 1.2: the limits' counters ("" without limits)
+    limits_table: str  # 1.2: the limits' slots ("" without limits)
 
 
 # --- the build -------------------------------------------------------------------------
@@ -372,7 +378,8 @@ def build(machine: Machine) -> Build:
     views = (View(n.intervals, body("intervals"), comments.INTERVALS),)
     tables: tuple[Table, ...] = (table, events, tickets)
     if m.state_limits:
-        tables += (limits_table(m, n),)
+        tables += (limits_table(m, n, id_type),)
+        indexes += (Index(n.limits_free, n.limits, "(state, slot)", "holder IS NULL", comments.LIMITS_FREE),)
 
     # Each function with its raw name, which the search_path pin takes (`install`).
     functions: list[tuple[str, Function]] = []
@@ -500,22 +507,25 @@ _SEQSCAN_OFF = (("enable_seqscan", "off"),)
 _WRITER = ("SECURITY DEFINER",)
 
 
-def limits_table(m: Machine, n: Quoted) -> Table:
-    """1.2's `limits`: one counter row per limited state, `held` the rows in it (kept by
-    the counting trigger), never above `max_rows` (its CHECK backs the trigger's own
-    test). The rows are the spec's: the file inserts them, `fsmc migrate` fills them."""
+def limits_table(m: Machine, n: Quoted, id_type: str) -> Table:
+    """1.2's `limits`: one row per place, `limit` slots per limited state; a row in the
+    state holds one (`holder`, its id), taken and freed by the counting trigger. The
+    slots are the spec's: the file inserts them free, `fsmc migrate` fills them."""
+    values = ", ".join(f"({sql_str(state)}, {most})" for state, most in m.state_limits.items())
     return Table(
         name=n.limits,
         columns=(
             Column("state", "text", not_null=True),
-            Column("max_rows", "integer", not_null=True),
-            Column("held", "integer", not_null=True, default="0"),
+            Column("slot", "integer", not_null=True),
+            Column("holder", id_type),
         ),
         constraints=(
-            Constraint(n.limits_pkey, "PRIMARY KEY (state)"),
-            Constraint.of_check(n.limits_check, "held BETWEEN 0 AND max_rows"),
+            Constraint(n.limits_pkey, "PRIMARY KEY (state, slot)"),
+            Constraint(n.limits_holder, "UNIQUE (holder)"),
         ),
-        rows=tuple(f"({sql_str(state)}, {most})" for state, most in m.state_limits.items()),
+        seed=(f"INSERT INTO {n.limits} (state, slot)\n"
+              "SELECT v.state, pg_catalog.generate_series(1, v.slots)\n"
+              f"FROM (VALUES {values}) AS v (state, slots);"),  # fmt: skip
         comment=comments.LIMITS,
     )
 
@@ -524,27 +534,16 @@ def limits_context(m: Machine) -> LimitsContext | None:
     if not m.state_limits:
         return None
     limited = list(m.state_limits)
-    rooms: list[tuple[str, str]] = []
     full: list[tuple[str, str]] = []
     for event in m.event_names:
-        touched = {s for (s, e), ts in m.targets.items() if e == event for s in (s, *ts)}
         entered = {t for (s, e), ts in m.targets.items() if e == event for t in ts}
-        for (s, e), (to, _) in m.otherwise.items():
-            if e == event:
-                touched |= {s, to}
-                entered.add(to)
-        if any(s in touched for s in limited):
-            rooms.append((event, sql_text_array([s for s in limited if s in touched])))
+        entered |= {to for (s, e), (to, _) in m.otherwise.items() if e == event}
         if any(s in entered for s in limited):
             full.append((event, sql_text_array([s for s in limited if s in entered])))
-    full_targets = (
-        "CASE v_event" + "".join(f" WHEN {sql_str(e)} THEN {a}" for e, a in full) + " END" if full else "NULL"
-    )
     return LimitsContext(
         new_limited=sql_any("NEW.state", limited),
         old_limited=sql_any("OLD.state", limited),
-        claim_rooms=rooms,
-        full_targets=full_targets,
+        claim_targets=full,
     )
 
 

@@ -100,15 +100,16 @@ GUARD_DELETE = (
     "excepted). SECURITY DEFINER only to read the ticket table.",
 )
 LIMITS = (
-    "1.2's limits: one counter row per limited state. A move into the state adds one to",
-    "`held` under the row's lock, and only while `held < max_rows`; a move out (or a",
-    "delete) takes one off. The lock is held to COMMIT, so movers into one state queue on",
-    "it, and under READ COMMITTED each re-reads the newest `held` once it has the lock:",
-    "however many transactions move rows at once, no commit leaves more rows in the state",
-    "than its limit. A row leaving frees its place when its transaction commits.",
+    "1.2's limits: one row per place, as many slots per limited state as its limit. A row",
+    "entering the state takes a free slot (`holder`, its id) that no other transaction",
+    "holds (FOR UPDATE SKIP LOCKED), or is refused when there is none: two movers never",
+    "take one slot, and movers into one state do not queue behind each other. A row",
+    "leaving frees its slot, which is free for others once its transaction commits. So",
+    "no commit ever leaves more rows in a state than its slots, under READ COMMITTED too.",
 )
+LIMITS_FREE = ("The free slots, which an entering row's scan reads in slot order.",)
 COUNT_LIMITS = (
-    "SECURITY DEFINER: the application may read the counters, never write them; its own",
+    "SECURITY DEFINER: the application may read the slots, never write them; its own",
     "direct writes (and the writer role's) are counted here like every other move.",
 )
 LIMITS_TRIGGERS = (

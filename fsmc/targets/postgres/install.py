@@ -53,7 +53,7 @@ class InstallContext:
     writer: str  # the writer's name function, raw (the role's DO block passes it to %I)
     table: str  # raw, for %I
     events_table: str  # raw, for %I
-    limits_table: str  # 1.2: the limits' counter table, raw, for %I ("" without limits)
+    limits_table: str  # 1.2: the limits' slots table, raw, for %I ("" without limits)
     granted: str  # every function the writer owns or EXECUTE is granted on (a text[])
     owned: str  # `writer_functions`, a text[]
     definers: str  # `callable_functions`, a text[]

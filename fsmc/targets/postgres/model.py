@@ -120,9 +120,8 @@ class Table:
     # break stays NOT VALID after a migration (it still checks every new row).
     history: bool = False
     comment: tuple[str, ...] = ()
-    # Rows the file inserts once it creates the table, each a parenthesized VALUES row
-    # in column order (1.2's limits table: the spec's limits are its rows).
-    rows: tuple[str, ...] = ()
+    # The statement that fills the table once it is created (1.2's limits: its slots).
+    seed: str = ""
 
     def column(self, name: str) -> Column | None:
         return next((c for c in self.columns if c.name == name), None)
@@ -133,10 +132,7 @@ class Table:
         body = ",\n".join("    " + e for e in elements)
         options = ", ".join(f"{k} = {v}" for k, v in self.options)
         create = f"CREATE TABLE {self.name} (\n{body}\n)" + (f" WITH ({options})" if options else "") + ";"
-        if self.rows:
-            names = ", ".join(c.name for c in self.columns[: len(self.rows[0].split(","))])
-            create += f"\nINSERT INTO {self.name} ({names}) VALUES\n" + ",\n".join("    " + r for r in self.rows) + ";"
-        return create
+        return create + ("\n" + self.seed if self.seed else "")
 
 
 @dataclass(frozen=True)

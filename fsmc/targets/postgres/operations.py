@@ -160,15 +160,15 @@ class FillCountColumns:
 
 @dataclass(frozen=True)
 class CreateTable:
-    """A table NEW adds (1.2's limits counters), with the rows its file inserts."""
+    """A table NEW adds (1.2's limits slots), with the rows its file inserts."""
 
     statement: str
 
 
 @dataclass(frozen=True)
 class FillLimits:
-    """1.2's limits counters made NEW's: a row per limited state with NEW's limit and
-    the rows already in it (the guard made sure none is past its limit), no other row."""
+    """1.2's limits slots made NEW's: as many per limited state as NEW's limit, one held by
+    each row already in it (the guard made sure none is past its limit), no other slot."""
 
     table: str
     limits_table: str
@@ -327,7 +327,7 @@ class ContractTable:
 
 @dataclass(frozen=True)
 class DropTables:
-    """Tables NEW lacks (1.2's limits counters, once no limit is left), after the
+    """Tables NEW lacks (1.2's limits slots, once no limit is left), after the
     triggers and functions that used them."""
 
     names: tuple[str, ...]
@@ -373,7 +373,7 @@ class GrantMovers:
     events_table: str
     functions: tuple[str, ...]  # `install.callable_functions`
     writes: tuple[str, str]  # `install.app_writes`
-    limits_table: str = ""  # 1.2: the limits' counters, which the movers may read ("" without limits)
+    limits_table: str = ""  # 1.2: the limits' slots, which the movers may read ("" without limits)
 
 
 Operation = (
