@@ -381,6 +381,11 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
             lowered = now is not None and (was is None or now[0] < was[0] or now[1] < was[1])
             options.append(Option(f"caps.{event}", _shown(old, event), _shown(new, event), lowered))
     options += _budget_options(old, new)
+    for state in dict.fromkeys([*new.state_limits, *old.state_limits]):
+        had, has = old.state_limits.get(state), new.state_limits.get(state)
+        if had != has:
+            # Added or lowered: moves (and inserts) that passed may now be refused.
+            options.append(Option(f"limits.{state}", had, has, has is not None and (had is None or has < had)))
     return tuple(options)
 
 

@@ -280,6 +280,7 @@ def diagram(changes: Changes) -> str:
         transitions=[(ids[s], label, ids[t]) for s, label, t in labelled],
         terminals=[ids[s] for s in new.terminals],
         lease=[],  # the change marks are this diagram's classes
+        limits=[],  # the diff's rows say what limits changed
     )
     added_states = [n.name for n in c.states.added]
     # A state whose role changed: it became or stopped being terminal, or is the new

@@ -4,8 +4,8 @@
 exactly the facts the generated schema is built from: the machine's name, its
 states, events, terminals, initial state, transitions, lease (states and reclaim
 event), caps (language 1.1; absent when there are none), the further initial states
-and the purgeable states, the caps per row, the otherwise and reset of each transition
-(language 1.2; each absent unless the spec uses it) and PostgreSQL
+and the purgeable states, the caps per row, the otherwise and reset of each transition,
+the limits (language 1.2; each absent unless the spec uses it) and PostgreSQL
 options (table, events table, id type, defaults resolved).
 Descriptions, comments, key order, list order, YAML style and `from:` lists versus
 one transition per source leave it unchanged; any change to one of those facts
@@ -75,6 +75,8 @@ def canonical(machine: Machine) -> str:
         facts["per_row_caps"] = dict(sorted(m.per_row_caps.items()))
     if m.otherwise:
         facts["otherwise"] = sorted([s, e, to, budget] for (s, e), (to, budget) in m.otherwise.items())
+    if m.state_limits:
+        facts["limits"] = dict(sorted(m.state_limits.items()))
     if m.resets:
         facts["resets"] = sorted([s, e, sorted(events)] for (s, e), events in m.resets.items())
     if m.timers:

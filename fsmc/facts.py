@@ -133,3 +133,10 @@ def tightened_caps(old: Machine, new: Machine) -> list[tuple[str, int, bool]]:
     is already within `old`'s cap."""
     was = old.cap_limits
     return [(e, cap, e not in was) for e, cap in new.cap_limits.items() if e not in was or was[e] > cap]
+
+
+def tightened_limits(old: Machine, new: Machine) -> list[tuple[str, int]]:
+    """`new`'s limits that `old`'s rows may already be past: (state, limit) for each
+    limit `old` lacks or sets higher, in `new`'s state order."""
+    was = old.state_limits
+    return [(s, most) for s, most in new.state_limits.items() if s not in was or was[s] > most]

@@ -148,11 +148,14 @@ from fsmc.targets.postgres.operations import (
     Commit,
     ContractTable,
     CreateDomains,
+    CreateTable,
     DropDomains,
     DropObjects,
+    DropTables,
     DropUnreplaceableFunctions,
     ExpandTable,
     FillCountColumns,
+    FillLimits,
     GrantMovers,
     Guard,
     NewCheck,
@@ -164,6 +167,7 @@ from fsmc.targets.postgres.operations import (
     RecreatedTrigger,
     RecreateTriggers,
     RefuseIfPastCaps,
+    RefuseIfPastLimits,
     RefuseIfRowsIn,
     RefuseOutsideTransaction,
     RememberMovers,
@@ -306,6 +310,8 @@ def guard(old: Build, new: Build, caps: tuple[CapChange, ...]) -> Guard:
         id_column=n.id_column,
         rows_in=RefuseIfRowsIn(tuple(removed)) if removed else None,
         past_caps=RefuseIfPastCaps(caps) if caps else None,
+        past_limits=RefuseIfPastLimits(tuple(limits)) if (limits := facts.tightened_limits(old.machine, new.machine))
+        else None,
     )
 
 
@@ -329,6 +335,8 @@ def data(old: Build, new: Build, caps: tuple[CapChange, ...]) -> list[Operation]
         out.append(FillCountColumns(n.table, n.events_table, n.id_column, filled))
     if due := due_times(old.machine, new.machine, n.table):
         out.append(due)
+    if new.machine.state_limits and new.machine.state_limits != old.machine.state_limits:
+        out.append(FillLimits(n.table, n.limits, tuple(new.machine.state_limits.items())))
     starts, ends = facts.lease_starts_and_ends(old.machine, new.machine)
     if starts:
         out.append(StartHeartbeats(str(new.machine.name), n.table, tuple(starts)))
@@ -357,6 +365,7 @@ def grant_movers(new: Build) -> GrantMovers:
         events_table=n.sql.events_table,
         functions=tuple(sql_ident(f) for f in callable_functions(new.machine, n)),
         writes=app_writes(new.machine, n),
+        limits_table=n.sql.limits if new.machine.state_limits else "",
     )
 
 
@@ -368,7 +377,7 @@ def renames(old: Build, mid: Build) -> Renames:
     a constraint, an index) OLD's schema says, asked by the name as SQL spells it (the
     model's)."""
     before, after, schema = old.names, mid.names, old.schema
-    raw_tables = {sql_ident(t): t for t in (before.table, before.events_table, before.purge_tickets)}
+    raw_tables = {sql_ident(t): t for t in (before.table, before.events_table, before.purge_tickets, before.limits)}
     tables = {t.name: t for t in schema.tables}
     constraint_of = {c.name: raw_tables[t.name] for t in schema.tables for c in t.constraints}
     indexes = {i.name for i in schema.indexes}
@@ -417,14 +426,14 @@ def identity_sequence(table: str, column: str) -> str:
 
 
 # --- the difference of two schemas (mid's and NEW's, under the same names) -----------------
-# Tables are the same ones: spec changes never add or drop one.
+# Tables are the same ones, but for 1.2's limits slots, which a spec's first limit
+# adds (CreateTable) and its last one drops (DropTables).
 
 
 def expand(mid: Schema, new: Schema) -> list[Operation]:
     """Columns NEW adds, defaults it changes, storage parameters it sets."""
-    out: list[Operation] = []
-    for was, now in zip(mid.tables, new.tables, strict=True):
-        assert was.name == now.name, (was.name, now.name)
+    out: list[Operation] = [CreateTable(t.create()) for t in new.tables if t.name not in _names(mid.tables)]
+    for was, now in kept_tables(mid, new):
         options = dict(was.options)
         step = ExpandTable(
             table=now.name,
@@ -434,6 +443,17 @@ def expand(mid: Schema, new: Schema) -> list[Operation]:
         )
         out.append(step)
     return [step for step in out if not empty(step)]
+
+
+def kept_tables(mid: Schema, new: Schema) -> list[tuple[Table, Table]]:
+    """(mid's, NEW's) of each table both have, in NEW's order: the machine's table, its
+    log and the purge tickets always, the limits slots (1.2) when both limit."""
+    had = {t.name: t for t in mid.tables}
+    return [(had[t.name], t) for t in new.tables if t.name in had]
+
+
+def _names(tables: tuple[Table, ...]) -> set[str]:
+    return {t.name for t in tables}
 
 
 def changed_defaults(mid: Table, new: Table) -> tuple[tuple[str, str | None], ...]:
@@ -469,7 +489,7 @@ def replace(mid: Schema, new: Schema) -> list[Operation]:
             if f.key in mid_functions and not mid_functions[f.key].replaceable_by(f)
         )),  # fmt: skip
         ReplaceFunctions(new.functions),
-        *(constraints(was, now) for was, now in zip(mid.tables, new.tables, strict=True)),
+        *(constraints(was, now) for was, now in kept_tables(mid, new)),
         ReplaceViews(tuple(v for v, x in mid_views.items() if new_views.get(v, x) != x), new.views),
         RecreateTriggers(tuple(RecreatedTrigger(g, g.key in mid_triggers) for g in new.triggers)),
     ]
@@ -513,7 +533,7 @@ def contract(mid: Schema, new: Schema) -> list[Operation]:
             indexes=tuple(i.name for i in mid.indexes if i.name not in new_indexes),
         )
     ]
-    for was, now in zip(mid.tables, new.tables, strict=True):
+    for was, now in kept_tables(mid, new):
         kept, options = {c.name for c in now.constraints}, dict(now.options)
         out.append(ContractTable(
             table=now.name,
@@ -521,6 +541,7 @@ def contract(mid: Schema, new: Schema) -> list[Operation]:
             columns=tuple(c.name for c in was.columns if now.column(c.name) is None),
             options=tuple(k for k, _ in was.options if k not in options),
         ))  # fmt: skip
+    out.append(DropTables(tuple(t.name for t in mid.tables if t.name not in _names(new.tables))))
     out.append(DropDomains(tuple(d.name for d in mid.domains if d not in new.domains)))
     return [step for step in out if not empty(step)]
 

@@ -127,6 +127,15 @@ class Cap:
 
 
 @dataclass(frozen=True)
+class Limit:
+    """1.2's `limits: {state: most}`: at most `most` rows in `state` at once, across
+    the table, whoever moves them."""
+
+    state: Text
+    most: int
+
+
+@dataclass(frozen=True)
 class Lease:
     states: tuple[Text, ...]
     reclaim: Text
@@ -160,6 +169,7 @@ class Machine:
     caps: tuple[Cap, ...] = ()
     wildcards: tuple[Wildcard, ...] = ()
     purgeable: tuple[Text, ...] | None = None  # as written; None: the terminals
+    limits: tuple[Limit, ...] = ()  # 1.2, as written (unknown states included, for the rules)
 
     @property
     def initial(self) -> Text | None:
@@ -278,6 +288,15 @@ class Machine:
         order = {e: i for i, e in enumerate(self.event_names)}
         return dict(sorted(given.items(), key=lambda item: order.get(item[0], len(order))))
 
+    @cached_property
+    def state_limits(self) -> dict[str, int]:
+        """Limited state -> the most rows it may hold, in `states` order (declared
+        states only; the first of a repeated key)."""
+        given: dict[str, int] = {}
+        for lim in self.limits:
+            given.setdefault(str(lim.state), lim.most)
+        return {s: given[s] for s in self.state_names if s in given}
+
     @property
     def camel_name(self) -> str:
         return camel(self.name)
@@ -315,7 +334,18 @@ def build(doc: Document) -> Machine:
         caps=_caps(root.get("caps")),
         wildcards=wildcards,
         purgeable=_names(root.get("purgeable")) if isinstance(root.get("purgeable"), Sequence) else None,
+        limits=_limits(root.get("limits")),
     )
+
+
+def _limits(value: Any) -> tuple[Limit, ...]:
+    if not isinstance(value, Mapping):
+        return ()
+    out: list[Limit] = []
+    for state, given in value.items():
+        if isinstance(state, Text) and (most := _cap_value(given)) is not None:
+            out.append(Limit(state, most))
+    return tuple(out)
 
 
 def _initials(value: Any) -> tuple[Text, ...]:

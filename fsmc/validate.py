@@ -30,7 +30,7 @@ TABLE_MAX = 63
 # generated module and holds this list to it.
 RESERVED_CAMEL = frozenset(
     {"State", "Event", "IllegalTransition", "CapReached", "Connection", "AsyncConnection",
-     "UnknownRow", "StateName", "EventName", "INITIAL", "INITIALS", "PURGEABLE", "TERMINAL", "NotDue", "NOT_DUE_SQLSTATE", "TRANSITIONS", "CHOICES", "CAPS",
+     "UnknownRow", "StateName", "EventName", "INITIAL", "INITIALS", "PURGEABLE", "TERMINAL", "NotDue", "NOT_DUE_SQLSTATE", "LimitReached", "LIMITS", "LIMIT_REACHED_SQLSTATE", "TRANSITIONS", "CHOICES", "CAPS",
      "SCHEMA",
      "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE", "UNKNOWN_ROW_SQLSTATE"}
 )  # fmt: skip
@@ -183,6 +183,7 @@ def unknown_state(m: Machine) -> Iterator[Diagnostic]:
     if m.lease:
         refs += [("lease.states", s) for s in m.lease.states]
     refs += [("purgeable", s) for s in m.purgeable or ()]
+    refs += [("limits", lim.state) for lim in m.limits]
     for t in m.transitions:
         if not t.wildcard:  # a wildcard's sources are declared states by construction
             refs.append(((t.index, "from"), t.source))

@@ -43,6 +43,7 @@ class Result:
     error: str = ""
     nodes: tuple[Node, ...] = ()
     edges: tuple[tuple[str, str, str], ...] = ()  # (source label, target label, edge label)
+    notes: tuple[tuple[str, str], ...] = ()  # (state label, note text): a limited state's note (1.2)
     length: int = 0
     raw: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
@@ -76,15 +77,26 @@ def from_raw(raw: dict[str, object]) -> Result:
             return END
         return node.label
 
+    def is_note(node_id: str) -> bool:
+        node = by_id.get(node_id)
+        return node is not None and node.shape == "note"
+
     edges = tuple(
-        (name(str(e["start"])), name(str(e["end"])), str(e["label"]))
+        (name(str(e["start"])), name(str(e["end"])), str(e.get("label", "")))
         for e in raw.get("edges", [])  # type: ignore[attr-defined]
+        if not is_note(str(e["end"]))  # a note hangs off its state by an edge of its own
+    )
+    notes = tuple(
+        (name(str(e["start"])), name(str(e["end"])))
+        for e in raw.get("edges", [])  # type: ignore[attr-defined]
+        if is_note(str(e["end"]))
     )
     return Result(
         ok=True,
         type=str(raw.get("type", "")),
         nodes=nodes,
         edges=edges,
+        notes=notes,
         length=int(raw.get("length", 0)),  # type: ignore[call-overload]
         raw=raw,
     )

@@ -64,6 +64,7 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     "budgets": (1, True, {"transitions~", "options"}),
     # Timed transitions: a due_at, a delay and a backoff (each a new wait: breaking).
     "timed": (1, True, {"events+", "transitions+", "transitions-", "options"}),
+    "limits": (1, True, {"options"}),
     "mermaid_keywords": (
         1,
         True,
@@ -126,6 +127,15 @@ def test_facts(case: str) -> None:
     assert int((CASES / case / "expected.exit").read_text()) == code
     doc = json.loads((CASES / case / "expected.json").read_text())
     assert doc["breaking"] is breaking
+
+
+def test_a_limit_added_or_lowered_breaks_one_raised_or_removed_does_not() -> None:
+    found = {o.name: (o.old, o.new, o.breaking) for o in changes_of("limits").options}
+    assert found == {
+        "limits.running": (50, 20, True),
+        "limits.paused": (None, 30, True),
+        "limits.claimed": (40, None, False),
+    }
 
 
 def test_descriptions_are_listed_apart_and_never_count() -> None:

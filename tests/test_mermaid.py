@@ -313,6 +313,8 @@ def test_generated_diagrams_draw_their_specs(parsed: Parsed) -> None:
                     tuple(drawn_arrows(m)), m.initial_names[1:])  # fmt: skip
         result = parsed.results[f"generated/{mmd.parent.name}/{mmd.name}"]
         assert not list(problems(result, spec))
+        # A limited state (1.2) carries a note saying its limit.
+        assert result.notes == tuple((s, f"at most {most} rows at once") for s, most in m.state_limits.items())
         readme = parsed.results[f"generated/{mmd.parent.name}/README.md#0"]
         assert (readme.nodes, readme.edges) == (result.nodes, result.edges)
 

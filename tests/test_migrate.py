@@ -75,11 +75,14 @@ from fsmc.targets.postgres.operations import (
     Commit,
     ContractTable,
     CreateDomains,
+    CreateTable,
     DropDomains,
     DropObjects,
+    DropTables,
     DropUnreplaceableFunctions,
     ExpandTable,
     FillCountColumns,
+    FillLimits,
     GrantMovers,
     Guard,
     NewCheck,
@@ -90,6 +93,7 @@ from fsmc.targets.postgres.operations import (
     RecreatedTrigger,
     RecreateTriggers,
     RefuseIfPastCaps,
+    RefuseIfPastLimits,
     RefuseIfRowsIn,
     RefuseOutsideTransaction,
     RememberMovers,
@@ -208,6 +212,7 @@ MIGRATING = [
     "lease_removed", "lease_changed", "renamed_tables", "renamed_to_awkward_names",
     "caps_added", "caps_raised", "caps_lowered", "caps_removed", "choice_added", "choice_removed",
     "reordered_and_changed", "initials_and_purgeable", "budgets", "timed",
+    "limits_added", "limits_changed", "limits_removed",
 ]  # fmt: skip
 
 
@@ -250,6 +255,7 @@ def test_a_migrated_database_is_a_fresh_build_of_new_holding_every_row_and_event
         claims_after(old, new, before, after, started)
         now, logged = counts(db, new, old)
         assert now == logged  # each cap's count, as many as its event rows
+        assert limit_counters(db, new) == limit_rows(db, new)  # each limit's slots held, the rows in its state
 
         # (2) Contract 4.2 on the migrated database, old rows included.
         db2 = migrated(db, new, (old, before.versions))
@@ -579,6 +585,48 @@ def test_adding_or_lowering_a_cap_refuses_rows_past_it_and_fills_counts_from_his
             assert fire_until_refused(db2, row_id, event) == new.cap_limits[event] - k
 
 
+# --- limits (1.2): slots from the rows, and states past a new limit ---------------------
+
+
+def limit_counters(db: Scratch, machine: Machine) -> dict[str, tuple[int, int]]:
+    """Limited state -> (its limit, the slots held), as the database holds them."""
+    if not machine.state_limits:
+        return {}
+    with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
+        rows = conn.execute(f"SELECT state, count(*), count(holder) FROM {Names.of(machine).sql.limits}"
+                            " GROUP BY state".encode()).fetchall()  # fmt: skip
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def limit_rows(db: Scratch, machine: Machine) -> dict[str, tuple[int, int]]:
+    """Limited state -> (NEW's limit, the rows in it)."""
+    with psycopg.connect(db.dsn, options=f"-c search_path={db.schema}") as conn:
+        return {
+            s: (most, conn.execute(f"SELECT count(*) FROM {Names.of(machine).sql.table} WHERE state = %s".encode(),
+                                   (s,)).fetchone()[0])  # type: ignore[index]  # fmt: skip
+            for s, most in machine.state_limits.items()
+        }
+
+
+def test_a_limit_below_the_rows_already_in_its_state_is_refused_changing_nothing(pg_dsn: str) -> None:
+    old, new = spec("limits_changed", "old"), spec("limits_changed", "new")
+    new = dataclasses.replace(new, limits=tuple(dataclasses.replace(lim, most=2) for lim in new.limits))
+    script = migrate(old, new)
+    with built(pg_dsn, old) as db:
+        fill(db)
+        with db.connect() as conn:
+            for _ in range(3):
+                row_id, version = db.row_at(conn, "running")
+            conn.commit()
+            running = conn.execute(db.q("SELECT count(*) FROM {table} WHERE state = 'running'")).fetchone()[0]  # type: ignore[index]
+        assert running > 2
+        error = refused_changing_nothing(db, old, script)
+        assert ("fsmc migrate: states of jobs already hold more rows than the new spec's limit on them: "
+                f'state "running" (limit 2) holds {running} rows; nothing was changed') in error, error  # fmt: skip
+        assert limit_counters(db, old) == {"claimed": (40, limit_rows(db, old)["claimed"][1]),
+                                           "running": (50, running)}  # fmt: skip
+
+
 @pytest.mark.parametrize("case", ["caps_raised", "caps_removed"])
 def test_raising_or_removing_a_cap_lets_rows_at_the_old_cap_fire_again(pg_dsn: str, case: str) -> None:
     old, new = spec(case, "old"), spec(case, "new")
@@ -754,6 +802,13 @@ def model_objects(db: Scratch, model: Schema) -> dict[str, set[tuple[Any, ...]]]
             conn.execute(d.create().replace("CREATE DOMAIN ", "CREATE DOMAIN pg_temp.", 1).encode())
         for t in model.tables:
             conn.execute(t.create().replace("CREATE TABLE ", "CREATE TEMP TABLE ", 1).encode())
+        # A trigger function the model adds (1.2's limits counting) must exist for its
+        # triggers to be created: made here too, and rolled back with the rest.
+        existing = {r[0] for r in conn.execute("SELECT p.proname::text FROM pg_proc AS p"
+                                               " WHERE p.pronamespace = %s::regnamespace", (db.schema,))}  # fmt: skip
+        for f in model.functions:
+            if f.name not in existing and any(g.function == f.name for g in model.triggers):
+                conn.execute(f.create().encode())
         writer = writer_of(conn, db.schema, db.machine)
         triggers = [g.create(writer_role=writer) for g in model.triggers]
         for statement in [i.create() for i in model.indexes] + triggers:
@@ -867,10 +922,10 @@ def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> Non
 # The order the module docstring gives (operations of one rank may alternate).
 ORDER: list[tuple[type, ...]] = [
     (Begin, RefuseOutsideTransaction), (SetLockTimeout,), (Guard,), (PrepareWriterRole,), (UpgradeFormat,),
-    (RememberMovers,), (Renames,), (ExpandTable,), (FillCountColumns,), (SetDueTimes,), (StartHeartbeats,), (ClearClaims,), (ReplaceIndexes,),
+    (RememberMovers,), (Renames,), (CreateTable, ExpandTable), (FillCountColumns,), (SetDueTimes,), (FillLimits,), (StartHeartbeats,), (ClearClaims,), (ReplaceIndexes,),
     (CreateDomains,), (DropUnreplaceableFunctions,), (ReplaceFunctions,), (ReplaceConstraints,),
     (ReplaceViews,), (RecreateTriggers,), (ValidateCheck, ValidateHistoryCheck), (DropObjects,),
-    (ContractTable,), (DropDomains,), (RecordDigest,), (PinFunctions,), (GrantMovers,), (Commit,),
+    (ContractTable,), (DropTables,), (DropDomains,), (RecordDigest,), (PinFunctions,), (GrantMovers,), (Commit,),
 ]  # fmt: skip
 
 
@@ -927,7 +982,7 @@ def test_every_operation_renders_by_the_macro_named_after_it() -> None:
     env = environment()
     source, _, _ = env.loader.get_source(env, "migrate.sql.j2")  # type: ignore[union-attr]
     macros = {m.name for m in env.parse(source).find_all(jinja2.nodes.Macro) if not m.name.startswith("_")}
-    kinds = {*typing.get_args(Operation), RefuseIfRowsIn, RefuseIfPastCaps}  # the guard's parts
+    kinds = {*typing.get_args(Operation), RefuseIfRowsIn, RefuseIfPastCaps, RefuseIfPastLimits}  # the guard's parts
     assert {macro_name(k) for k in kinds} == macros
     # Every record of the operations module is an operation or a part of one (the
     # format's steps are fsmc.targets.postgres.formats').

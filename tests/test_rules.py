@@ -566,6 +566,16 @@ def test_a_purgeable_state_must_be_declared() -> None:
                 "purgeable: 'discardd' is not a declared state; did you mean 'discarded'?")
 
 
+def test_a_limit_names_a_declared_state_and_is_1_to_a_million() -> None:
+    limited = QUEUE + "limits:\n  running: 10\n"
+    assert run(limited)[0] == []
+    assert_only("unknown-state", limited.replace("  running: 10", "  @runing: 10"),
+                "limits: 'runing' is not a declared state; did you mean 'running'?")
+    assert_only("schema", limited.replace("running: 10", "running: @0"), "limits.running: 0 is less than the minimum of 1")
+    assert_only("schema", limited.replace("running: 10", "running: @1000001"), "limits.running")
+    assert_only("schema", limited.replace("running: 10", "running: @ten"), "limits.running: expected an integer")
+
+
 def test_an_otherwise_names_a_declared_state_and_a_spent_a_declared_event() -> None:
     assert_only("unknown-state", QUEUE.replace("otherwise: discarded, spent", "otherwise: @discard, spent"),
                 "transitions[3].otherwise: 'discard' is not a declared state")

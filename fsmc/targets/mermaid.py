@@ -21,7 +21,8 @@ lower-case, so an upper-case `S_` prefix never collides) and a
 
 Event names are edge labels (`a --> b: event`, `event (max N)` for a capped one): the
 lexer takes the rest of the line as the label, so every event name is safe there. The
-lease states are drawn in a `lease` class (`classDef`, then `class a,b lease`).
+lease states are drawn in a `lease` class (`classDef`, then `class a,b lease`). A limited
+state (1.2) carries a note: `note right of running : at most 50 rows at once`.
 
 Mermaid refuses to draw text longer than its maxTextSize (50,000 by default),
 measured without the `%%` comment lines; `mermaid.parse` does not check it, so the
@@ -73,6 +74,7 @@ class DiagramContext:
     terminals: list[str]  # ids
     lease: list[str]  # the lease states' ids, drawn in the lease class
     lone: list[str]  # a state on no arrow (only in a spec with errors, drawn by `fsmc graph`)
+    limits: list[tuple[str, int]]  # 1.2: (id, the most rows the state may hold), drawn as a note
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ def diagram(machine: Machine) -> str:
         terminals=[ids[s] for s in m.terminals_in_order],
         lease=[ids[s] for s in m.lease.states] if m.lease is not None else [],
         lone=[i for s, i in ids.items() if s not in mentioned and i == s],
+        limits=[(ids[s], most) for s, most in m.state_limits.items()],
     )))  # fmt: skip
 
 

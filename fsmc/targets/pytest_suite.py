@@ -35,6 +35,7 @@ class TestFileContext:
     resets: list[tuple[str, str, list[str]]]  # 1.2: (state, event, the events whose budgets come back)
     per_row: list[tuple[str, int]]  # 1.2: (event, the largest cap a row may have)
     timers: list[tuple[str, str, str, int, float, int]]  # 1.2: (state, event, kind, ms, factor, max ms)
+    limits: list[tuple[str, int]]  # 1.2: (state, the most rows it may hold)
     sample_id: str  # a Python expression
     sql: SuiteContext  # the database's side, SQLSTATEs included (`sql.codes`)
 
@@ -59,6 +60,7 @@ def emit(machine: Machine, pg: Build) -> str:
         resets=[(s, e, list(events)) for (s, e), events in m.resets.items()],
         per_row=list(m.per_row_caps.items()),
         timers=[(s, e, t.kind, t.ms, t.factor, t.most_ms) for (s, e), t in m.timers.items()],
+        limits=list(m.state_limits.items()),
         sample_id=ID_TYPES[m.postgres.id_type].sample,
         sql=suite_context(pg),
     )))

@@ -30,7 +30,7 @@ def cap_field(event: str) -> str:
     return cap_column(event)
 
 
-def exports(class_name: str, lease: bool, timed: bool = False) -> list[str]:
+def exports(class_name: str, lease: bool, timed: bool = False, limits: bool = False) -> list[str]:
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
     names = ["CAPS", "CHOICES", "INITIAL", "INITIALS", "PURGEABLE", "SCHEMA", "TERMINAL", "TRANSITIONS", "AsyncConnection",
              "CapReached", "Connection", "Event", "IllegalTransition", "State", "UnknownRow",
@@ -40,6 +40,8 @@ def exports(class_name: str, lease: bool, timed: bool = False) -> list[str]:
         names += ["heartbeat", "aheartbeat", "reclaim", "areclaim"]
     if timed:
         names += ["NotDue"]
+    if limits:
+        names += ["LIMITS", "LimitReached"]
 
     def rank(name: str) -> tuple[int, str]:
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
@@ -72,6 +74,7 @@ class ModuleContext:
     per_row_max: dict[str, int]  # event member -> the largest cap a row may have (1.2)
     timed: bool  # 1.2: some transition waits for time: NotDue
     due_given: bool  # 1.2: some state waits for a time the caller gives: due_at= on transition and claim
+    limits: list[tuple[str, int]]  # 1.2: (state member, the most rows it may hold)
     id_type: str  # the Python type of an id
     pg_id_type: str  # the SQL type the module casts an id to
     schema: str
@@ -97,7 +100,7 @@ def context(machine: Machine) -> ModuleContext:
         header=Header.of(m),
         machine=str(m.name),
         class_name=m.camel_name,
-        exports=exports(m.camel_name, m.lease is not None, bool(m.timers)),
+        exports=exports(m.camel_name, m.lease is not None, bool(m.timers), bool(m.state_limits)),
         timed=bool(m.timers),
         due_given=any(t.kind == "due_at" for t in m.timers.values()),
         description=m.description,
@@ -118,6 +121,7 @@ def context(machine: Machine) -> ModuleContext:
         ],  # fmt: skip
         resets=[(member(s), member(e), [member(x) for x in xs]) for (s, e), xs in m.resets.items()],
         per_row_max={member(e): most for e, most in m.per_row_caps.items()},
+        limits=[(member(s), most) for s, most in m.state_limits.items()],
         id_type=ID_TYPES[m.postgres.id_type].python,
         pg_id_type=ID_TYPES[m.postgres.id_type].cast,
         schema=m.postgres.schema,

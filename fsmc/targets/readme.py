@@ -49,6 +49,8 @@ def emit(machine: Machine, diagram: str, pg: Build) -> str:
             notes.append("terminal")
         if m.lease and d.name in m.lease.states:
             notes.append("lease")
+        if d.name in m.state_limits:
+            notes.append(f"at most {m.state_limits[d.name]} rows")
         states.append((str(d.name), ", ".join(notes), d.description or ""))
     return render("README.md.j2", **as_variables(ReadmeContext(
         header=Header.of(m),

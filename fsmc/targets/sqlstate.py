@@ -12,6 +12,7 @@ so psycopg raises them as `psycopg.errors.IntegrityError` subclasses.
 | 23F06 | UPDATE, DELETE or TRUNCATE on the append-only event log; DELETE of a row with history, or TRUNCATE of the table, but by `<machine>_purge` |
 | 23F07 | `<machine>_apply` or a direct UPDATE: a capped event has fired its cap's worth in this row's life |
 | 23F08 | `<machine>_apply`: a timed event (1.2's `after`) fired before its row is due |
+| 23F09 | (1.2, `limits`) a move into a state that already holds its limit's worth of rows, by `<machine>_apply` (an `otherwise` included), `<machine>_reclaim` or a direct write, or an INSERT into such an initial state |
 
 Other refusals keep PostgreSQL's own codes: an undeclared state is the state CHECK's
 23514 (check_violation), as is an event row whose (from, event, to) is not one of
@@ -32,6 +33,7 @@ UNLOGGED_CHANGE = "23F05"
 APPEND_ONLY = "23F06"
 CAP_REACHED = "23F07"
 NOT_DUE = "23F08"
+LIMIT_REACHED = "23F09"
 
 
 @dataclass(frozen=True)
@@ -47,3 +49,4 @@ class Codes:
     append_only: str = APPEND_ONLY
     cap_reached: str = CAP_REACHED
     not_due: str = NOT_DUE
+    limit_reached: str = LIMIT_REACHED

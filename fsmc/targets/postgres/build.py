@@ -62,6 +62,13 @@ What the file builds, and why it is shaped so:
   predicate on the newest row version, so a refreshed heartbeat saves its row; two
   supervisors never wait for or deadlock on each other, and each row is reclaimed
   once), then moves them and appends their events, all in one statement.
+- With `limits` (1.2): `<machine>_limits`, one row per place (a limit of 50 is 50
+  slots), and triggers on T for every role, the writer's included: a row entering a
+  limited state takes a free slot no other transaction holds (FOR UPDATE SKIP LOCKED)
+  or is refused (23F09), a row leaving frees its own. Two transactions never hold one
+  slot, so no commit exceeds the limit under READ COMMITTED, and movers into one state
+  do not queue behind each other (a counter row per state did: every mover held it to
+  its commit). `_claim` locks free slots first and picks no more rows than it got.
 - `<machine>_fsmc_digest()` returns `fsmc.digest.machine_digest` (see there).
 - Every function's `search_path` is pinned to `pg_catalog`, the schema it was
   created in and `pg_temp` last (`install`'s pin, the file's last statement), so
@@ -224,6 +231,17 @@ class PurgeContext:
 
 
 @dataclass(frozen=True)
+class LimitsContext:
+    """1.2's `limits`: what the counting trigger and `_claim` need."""
+
+    new_limited: str  # NEW.state is a limited state
+    old_limited: str  # OLD.state is a limited state
+    # (event, the limited states among its targets and otherwise, a text[]): where
+    # `_claim` locks free slots before it picks rows
+    claim_targets: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
 class BodyContext:
     """What templates/machine_bodies.sql.j2 fills in (its fields are its variables)."""
 
@@ -248,6 +266,7 @@ class BodyContext:
     budgets: bool  # 1.2: some move has an `otherwise` or a `reset`, which `moves` holds
     timing: TimingContext | None  # 1.2: the timed transitions (`after`), or None
     digest: str  # the machine's digest, which a body checks is still the schema's
+    limits: LimitsContext | None  # 1.2: with `limits`
 
 
 @dataclass(frozen=True)
@@ -280,6 +299,7 @@ class SuiteContext:
     codes: Codes
     lease: bool
     grants: list[str]  # `app_grants`, with `{schema}` and `{role}` for the quoted names
+    limits_table: str  # 1.2: the limits' slots ("" without limits)
 
 
 # --- the build -------------------------------------------------------------------------
@@ -385,6 +405,10 @@ def build(machine: Machine) -> Build:
         comment=comments.PURGE_TICKETS,
     )
     views = (View(n.intervals, body("intervals"), comments.INTERVALS),)
+    tables: tuple[Table, ...] = (table, events, tickets)
+    if m.state_limits:
+        tables += (limits_table(m, n, id_type),)
+        indexes += (Index(n.limits_free, n.limits, "(state, slot)", "holder IS NULL", comments.LIMITS_FREE),)
 
     # Each function with its raw name, which the search_path pin takes (`install`).
     functions: list[tuple[str, Function]] = []
@@ -445,6 +469,10 @@ def build(machine: Machine) -> Build:
                      comment=comments.APPEND_ONLY)  # fmt: skip
     trigger_function(names.guard_delete, "guard_delete", attributes=("SECURITY DEFINER",),
                      comment=comments.GUARD_DELETE)  # fmt: skip
+    if c.limits is not None:
+        # The owner's, for every writer: the writer role's moves count like any other.
+        trigger_function(names.count_limits, "count_limits", attributes=("SECURITY DEFINER",),
+                         comment=comments.COUNT_LIMITS)  # fmt: skip
 
     born_elsewhere = " OR ".join(
         [
@@ -461,7 +489,7 @@ def build(machine: Machine) -> Build:
     if c.timing is not None:
         # A row born in a timed state gets its due time here (and nowhere else one).
         born_elsewhere += " OR " + c.timing.in_timed.replace("t.state", "NEW.state") + " OR NEW.due_at IS NOT NULL"
-    triggers = (
+    triggers: tuple[Trigger, ...] = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
         Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
                 comment=comments.GUARD_UPDATE_BEFORE if c.caps else comments.GUARD_UPDATE_AFTER,
@@ -476,9 +504,19 @@ def build(machine: Machine) -> Build:
         Trigger(n.append_only_truncate, n.events_table, "BEFORE", "TRUNCATE", n.append_only,
                 for_each="STATEMENT"),  # fmt: skip
     )
-    schema = Schema(
-        (table, events, tickets), indexes, tuple(f for _, f in functions), triggers, views, domains
-    )
+    if c.limits is not None:
+        # No `writer`: these fire for the writer role's moves too. The WHEN clauses keep
+        # every write that neither enters nor leaves a limited state from the function.
+        triggers += (
+            Trigger(n.limits_insert, n.table, "AFTER", "INSERT", n.count_limits, when=c.limits.new_limited),
+            Trigger(n.limits_update, n.table, "AFTER", "UPDATE OF state", n.count_limits,
+                    when=f"OLD.state IS DISTINCT FROM NEW.state AND ({c.limits.old_limited} OR {c.limits.new_limited})",
+                    comment=comments.LIMITS_TRIGGERS),  # fmt: skip
+            Trigger(n.limits_delete, n.table, "AFTER", "DELETE", n.count_limits, when=c.limits.old_limited),
+            # A TRUNCATE of rows without history (the guard refuses the others) empties every state.
+            Trigger(n.limits_truncate, n.table, "AFTER", "TRUNCATE", n.count_limits, for_each="STATEMENT"),
+        )
+    schema = Schema(tables, indexes, tuple(f for _, f in functions), triggers, views, domains)
     every = (*dict.fromkeys(raw for raw, _ in functions), names.writer)
     return Build(
         machine=m,
@@ -522,6 +560,46 @@ def timing_context(m: Machine) -> TimingContext | None:
         due_events=[e for e in m.event_names if sources.get(e) == {True}],
         in_timed=sql_among("t.state", timed, untimed),
         index_predicate=sql_among("state", timed, untimed),
+    )
+
+
+def limits_table(m: Machine, n: Quoted, id_type: str) -> Table:
+    """1.2's `limits`: one row per place, `limit` slots per limited state; a row in the
+    state holds one (`holder`, its id), taken and freed by the counting trigger. The
+    slots are the spec's: the file inserts them free, `fsmc migrate` fills them."""
+    values = ", ".join(f"({sql_str(state)}, {most})" for state, most in m.state_limits.items())
+    return Table(
+        name=n.limits,
+        columns=(
+            Column("state", "text", not_null=True),
+            Column("slot", "integer", not_null=True),
+            Column("holder", id_type),
+        ),
+        constraints=(
+            Constraint(n.limits_pkey, "PRIMARY KEY (state, slot)"),
+            Constraint(n.limits_holder, "UNIQUE (holder)"),
+        ),
+        seed=(f"INSERT INTO {n.limits} (state, slot)\n"
+              "SELECT v.state, pg_catalog.generate_series(1, v.slots)\n"
+              f"FROM (VALUES {values}) AS v (state, slots);"),  # fmt: skip
+        comment=comments.LIMITS,
+    )
+
+
+def limits_context(m: Machine) -> LimitsContext | None:
+    if not m.state_limits:
+        return None
+    limited = list(m.state_limits)
+    full: list[tuple[str, str]] = []
+    for event in m.event_names:
+        entered = {t for (s, e), ts in m.targets.items() if e == event for t in ts}
+        entered |= {to for (s, e), (to, _) in m.otherwise.items() if e == event}
+        if any(s in entered for s in limited):
+            full.append((event, sql_text_array([s for s in limited if s in entered])))
+    return LimitsContext(
+        new_limited=sql_any("NEW.state", limited),
+        old_limited=sql_any("OLD.state", limited),
+        claim_targets=full,
     )
 
 
@@ -611,6 +689,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         budgets=bool(m.otherwise or m.resets or m.timers),
         timing=timing_context(m),
         digest=machine_digest(m),
+        limits=limits_context(m),
         caps=[
             CapContext(
                 event=event,
@@ -669,6 +748,7 @@ def suite_context(b: Build) -> SuiteContext:
         codes=Codes(),
         lease=b.machine.lease is not None,
         grants=list(b.install.grants),
+        limits_table=n.limits if b.machine.state_limits else "",
     )
 
 

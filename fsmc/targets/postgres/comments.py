@@ -99,3 +99,21 @@ GUARD_DELETE = (
     "history from being deleted or truncated away, this does (purge, holding a ticket,",
     "excepted). SECURITY DEFINER only to read the ticket table.",
 )
+LIMITS = (
+    "1.2's limits: one row per place, as many slots per limited state as its limit. A row",
+    "entering the state takes a free slot (`holder`, its id) that no other transaction",
+    "holds (FOR UPDATE SKIP LOCKED), or is refused when there is none: two movers never",
+    "take one slot, and movers into one state do not queue behind each other. A row",
+    "leaving frees its slot, which is free for others once its transaction commits. So",
+    "no commit ever leaves more rows in a state than its slots, under READ COMMITTED too.",
+)
+LIMITS_FREE = ("The free slots, which an entering row's scan reads in slot order.",)
+COUNT_LIMITS = (
+    "SECURITY DEFINER: the application may read the slots, never write them; its own",
+    "direct writes (and the writer role's) are counted here like every other move.",
+)
+LIMITS_TRIGGERS = (
+    "The counting triggers fire for every role, the writer's included (no writer test in",
+    "their WHEN clauses): the limit is the table's, whoever moves the rows. A write that",
+    "neither enters nor leaves a limited state never reaches the function.",
+)

@@ -53,6 +53,7 @@ class InstallContext:
     writer: str  # the writer's name function, raw (the role's DO block passes it to %I)
     table: str  # raw, for %I
     events_table: str  # raw, for %I
+    limits_table: str  # 1.2: the limits' slots table, raw, for %I ("" without limits)
     granted: str  # every function the writer owns or EXECUTE is granted on (a text[])
     owned: str  # `writer_functions`, a text[]
     definers: str  # `callable_functions`, a text[]
@@ -127,6 +128,7 @@ def install(machine: Machine, n: Names, functions: list[str]) -> Install:
         writer=n.writer,
         table=n.table,
         events_table=n.events_table,
+        limits_table=n.limits if machine.state_limits else "",
         granted=pg_text_array(dict.fromkeys(owned + definers)),
         owned=pg_text_array(owned),
         definers=pg_text_array(definers),

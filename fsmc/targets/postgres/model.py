@@ -120,6 +120,8 @@ class Table:
     # break stays NOT VALID after a migration (it still checks every new row).
     history: bool = False
     comment: tuple[str, ...] = ()
+    # The statement that fills the table once it is created (1.2's limits: its slots).
+    seed: str = ""
 
     def column(self, name: str) -> Column | None:
         return next((c for c in self.columns if c.name == name), None)
@@ -129,7 +131,8 @@ class Table:
         elements += [f"CONSTRAINT {c.name} {c.definition}" for c in self.constraints]
         body = ",\n".join("    " + e for e in elements)
         options = ", ".join(f"{k} = {v}" for k, v in self.options)
-        return f"CREATE TABLE {self.name} (\n{body}\n)" + (f" WITH ({options})" if options else "") + ";"
+        create = f"CREATE TABLE {self.name} (\n{body}\n)" + (f" WITH ({options})" if options else "") + ";"
+        return create + ("\n" + self.seed if self.seed else "")
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,16 @@ class Names:
     triple_check: str
     version_check: str  # the log's CHECK (version > 0) before format 4, now the commit-time check's
     writer: str  # the function naming this installation's writer role (install.prepare)
+    # 1.2, `limits`: the slots table, its keys and index, the function counting and its triggers
+    limits: str
+    limits_pkey: str
+    limits_holder: str
+    limits_free: str
+    count_limits: str
+    limits_insert: str
+    limits_update: str
+    limits_delete: str
+    limits_truncate: str
 
     @staticmethod
     def of(machine: Machine) -> Names:
@@ -97,6 +107,15 @@ class Names:
             triple_check=sql_name(events, "transition_check"),
             version_check=sql_name(events, "version_check"),
             writer=sql_name(m, "fsmc_writer"),
+            limits=sql_name(m, "limits"),
+            limits_pkey=sql_name(m, "limits", "pkey"),
+            limits_holder=sql_name(m, "limits", "holder_key"),
+            limits_free=sql_name(m, "limits", "free_idx"),
+            count_limits=sql_name(m, "count_limits"),
+            limits_insert=sql_name(m, "limits_insert"),
+            limits_update=sql_name(m, "limits_update"),
+            limits_delete=sql_name(m, "limits_delete"),
+            limits_truncate=sql_name(m, "limits_truncate"),
         )
 
     @cached_property

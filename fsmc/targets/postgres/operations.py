@@ -79,6 +79,14 @@ class RefuseIfPastCaps:
 
 
 @dataclass(frozen=True)
+class RefuseIfPastLimits:
+    """Refuse while a state NEW limits anew or lower already holds more rows than its
+    limit, naming the state, the limit and the count."""
+
+    limits: tuple[tuple[str, int], ...]  # (state, limit), raw, in NEW's state order
+
+
+@dataclass(frozen=True)
 class Guard:
     """The script's first block: the schema must be the one OLD built, on the
     search_path first; both tables are locked and the digest read again; then the
@@ -93,6 +101,7 @@ class Guard:
     id_column: str
     rows_in: RefuseIfRowsIn | None
     past_caps: RefuseIfPastCaps | None
+    past_limits: RefuseIfPastLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,23 @@ class SetDueTimes:
     table: str
     due: tuple[tuple[str, str], ...]  # (state, raw; its due time, an SQL expression over t)
     untimed: tuple[str, ...]  # raw
+
+
+@dataclass(frozen=True)
+class CreateTable:
+    """A table NEW adds (1.2's limits slots), with the rows its file inserts."""
+
+    statement: str
+
+
+@dataclass(frozen=True)
+class FillLimits:
+    """1.2's limits slots made NEW's: as many per limited state as NEW's limit, one held by
+    each row already in it (the guard made sure none is past its limit), no other slot."""
+
+    table: str
+    limits_table: str
+    limits: tuple[tuple[str, int], ...]  # (state, limit), raw
 
 
 @dataclass(frozen=True)
@@ -324,6 +350,14 @@ class ContractTable:
 
 
 @dataclass(frozen=True)
+class DropTables:
+    """Tables NEW lacks (1.2's limits slots, once no limit is left), after the
+    triggers and functions that used them."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class DropDomains:
     """OLD's domains NEW lacks, once no CHECK casts to them."""
 
@@ -363,11 +397,12 @@ class GrantMovers:
     events_table: str
     functions: tuple[str, ...]  # `install.callable_functions`
     writes: tuple[str, str]  # `install.app_writes`
+    limits_table: str = ""  # 1.2: the limits' slots, which the movers may read ("" without limits)
 
 
 Operation = (
     Begin | RefuseOutsideTransaction | SetLockTimeout | Guard | PrepareWriterRole | UpgradeFormat | Renames
-    | RememberMovers | ExpandTable | FillCountColumns | SetDueTimes | StartHeartbeats | ClearClaims | ReplaceIndexes | CreateDomains
+    | RememberMovers | ExpandTable | CreateTable | FillLimits | DropTables | FillCountColumns | SetDueTimes | StartHeartbeats | ClearClaims | ReplaceIndexes | CreateDomains
     | DropUnreplaceableFunctions | ReplaceFunctions | ReplaceConstraints | ReplaceViews | RecreateTriggers
     | ValidateCheck | ValidateHistoryCheck | DropObjects | ContractTable | DropDomains | RecordDigest
     | PinFunctions | GrantMovers | Commit
