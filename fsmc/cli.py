@@ -68,13 +68,13 @@ def _refuse_unknown_command(
 ) -> None:
     """A mistyped command gets a suggestion, as git's does. The top level has no
     option that takes a value, so its first word not starting with `-` is the command."""
-    import difflib
+    from fsmc.typos import typo_of
 
     word = next((a for a in argv if not a.startswith("-")), None)
     if word is None or word in commands or "--" in argv[: argv.index(word)]:
         return
-    close = difflib.get_close_matches(word, list(commands), n=1, cutoff=0.6)
-    hint = f"; did you mean '{close[0]}'?" if close else f" (commands: {', '.join(commands)})"
+    close = typo_of(word, commands)
+    hint = f"; did you mean '{close}'?" if close else f" (commands: {', '.join(commands)})"
     parser.error(f"unknown command '{word}'{hint}")
 
 

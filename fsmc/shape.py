@@ -9,7 +9,6 @@ reports those with the naming rule spelled out, and once is enough.
 
 from __future__ import annotations
 
-import difflib
 import json
 from functools import cache
 from importlib import resources
@@ -18,6 +17,7 @@ from typing import Any
 from fsmc.diagnostics import LIMIT, SCHEMA, Diagnostic
 from fsmc.load import Document, Mapping, describe_value, format_path, key_position, position_of
 from fsmc.model import MAX_CAP, WILDCARD
+from fsmc.typos import typo_of
 
 MAX_ERRORS = 1000
 _NUL_FREE = "^[^\\u0000]*$"
@@ -243,6 +243,6 @@ _TYPE_NAMES = {
 
 
 def _suggest(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    close = typo_of(word, choices)
+    return f" (did you mean '{close}'?)" if close else ""
 

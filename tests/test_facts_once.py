@@ -43,3 +43,26 @@ def test_the_readmes_table_of_codes_is_the_registry() -> None:
     section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Diagnostic codes", 1)[1]
     rows = re.findall(r"^\| `([a-z-]+)` \| (error|warning) \|", section.split("\n## ", 1)[0], re.MULTILINE)
     assert rows == [(code, c.severity) for code, c in CODES.items()]
+
+
+def test_the_json_schemas_cap_and_limit_ranges_are_the_models() -> None:
+    defs = schema()["$defs"]
+    assert (defs["cap"]["minimum"], defs["cap"]["maximum"]) == (1, model.MAX_CAP)
+    # A cap, a cap per row's default and max, and a limit are all that one range.
+    assert schema()["properties"]["limits"]["additionalProperties"] == {"$ref": "#/$defs/cap"}
+    per_row = schema()["properties"]["caps"]["additionalProperties"]["oneOf"]
+    assert per_row[0] == {"$ref": "#/$defs/cap"}
+    assert all(v == {"$ref": "#/$defs/cap"} for v in per_row[1]["properties"].values())
+
+
+def test_every_did_you_mean_is_one_rule() -> None:
+    # An unknown state, an unknown key and an unknown command are judged alike: a typo
+    # (a few edits away), not a mere resemblance.
+    from fsmc import cli, shape
+
+    assert validate.typo_of("termnals", ["terminals"]) == "terminals"
+    assert validate.typo_of("processed", ["being_processed"]) is None
+    assert shape._suggest("processed", ["being_processed"]) == ""
+    assert shape._suggest("termnals", ["terminals"]) == " (did you mean 'terminals'?)"
+    assert validate.typo_of is shape.typo_of
+    assert "typo_of" in cli._refuse_unknown_command.__code__.co_names
