@@ -1,7 +1,9 @@
-"""The relayd example (examples/relayd/) under chaos (issue 11): hundreds of jobs,
-workers killed at random moments (tasks cancelled, connections terminated
-mid-transaction), and still every job ends terminal, none is finished twice, every
-reclaim took a dead worker's job, every history replays, nothing is left locked.
+"""The relayd example (examples/relayd/, on specs/queue.yaml) under chaos (issues 11
+and 21): hundreds of jobs, workers killed at random moments (tasks cancelled,
+connections terminated mid-transaction), and still every job ends completed or
+discarded, none is completed twice, every reclaim took a dead worker's job, a job is
+discarded exactly when its attempts are spent, every retry waited for its backoff,
+every history replays, nothing is left locked.
 
 Workers connect as the application role (the README's grants); the chaos monkey as
 the superuser, who may terminate their backends."""
@@ -16,9 +18,10 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.conftest import ROOT
-from tests.pg_scratch import Scratch
+from tests.pg_scratch import Scratch, machine_of
 
 
 def relayd() -> Any:
@@ -30,8 +33,15 @@ def relayd() -> Any:
     return module
 
 
-def test_relayd_under_chaos_loses_nothing_and_does_nothing_twice(db: Scratch) -> None:
-    r = relayd()
+@pytest.fixture
+def queue(pg_dsn: str) -> Any:
+    scratch = Scratch.create(pg_dsn, machine_of("queue"))
+    yield scratch
+    scratch.drop()
+
+
+def test_relayd_under_chaos_loses_nothing_and_does_nothing_twice(queue: Scratch) -> None:
+    db, r = queue, relayd()
     options = f"-c search_path={db.schema} -c lock_timeout=10s"
 
     async def app() -> psycopg.AsyncConnection[Any]:
@@ -49,11 +59,11 @@ def test_relayd_under_chaos_loses_nothing_and_does_nothing_twice(db: Scratch) ->
     with db.connect() as conn:
         states = dict(conn.execute(db.q("SELECT state, count(*) FROM {table} GROUP BY 1")).fetchall())
         assert sum(states.values()) == 300
-        assert set(states) <= {"completed", "abandoned"}, states
+        assert set(states) <= {"completed", "discarded"}, states
         finishers = dict(conn.execute(
-            db.q("SELECT {id_col}, actor FROM {events} WHERE event = 'finish'")).fetchall())  # fmt: skip
+            db.q("SELECT {id_col}, actor FROM {events} WHERE event = 'complete'")).fetchall())  # fmt: skip
         finishes = Counter(r[0] for r in conn.execute(
-            db.q("SELECT {id_col} FROM {events} WHERE event = 'finish'")).fetchall())  # fmt: skip
+            db.q("SELECT {id_col} FROM {events} WHERE event = 'complete'")).fetchall())  # fmt: skip
         assert finishes and max(finishes.values()) == 1
         assert sum(finishes.values()) == states.get("completed", 0)
         # Every finish a worker saw happened once; one it did not see was committed by a
@@ -64,10 +74,21 @@ def test_relayd_under_chaos_loses_nothing_and_does_nothing_twice(db: Scratch) ->
         # that put the job in the lease is one the chaos killed.
         reclaims = conn.execute(db.q(
             "SELECT r.{id_col}, (SELECT c.actor FROM {events} AS c WHERE c.{id_col} = r.{id_col}"
-            "   AND c.version < r.version AND c.event = 'claim' ORDER BY c.version DESC LIMIT 1)"
-            " FROM {events} AS r WHERE r.event = 'reclaim'")).fetchall()  # fmt: skip
+            "   AND c.version < r.version AND c.event = 'fetch' ORDER BY c.version DESC LIMIT 1)"
+            " FROM {events} AS r WHERE r.event = 'rescue'")).fetchall()  # fmt: skip
         assert reclaims, "no job was ever reclaimed: the test proved nothing"
         assert {actor for _id, actor in reclaims} <= pool.dead
+        # Discarded exactly when its attempts were spent (the database's budget, max_tries
+        # each), and never before; every retry waited its backoff (at least 1 s).
+        attempts = dict(conn.execute(db.q("SELECT id, fetch_count FROM {table} WHERE state = 'discarded'")).fetchall())
+        assert set(attempts.values()) <= {settings.max_tries}, attempts
+        early = conn.execute(db.q(
+            "SELECT count(*) FROM {events} AS t JOIN {events} AS f ON f.{id_col} = t.{id_col}"
+            " AND f.version = t.version - 1 WHERE t.event = 'retry' AND t.at - f.at < interval '1 second'")).fetchone()  # fmt: skip
+        assert early == (0,)
+        retried = conn.execute(db.q("SELECT count(*) FROM {events} WHERE event = 'retry'")).fetchone()
+        assert retried is not None and retried[0] > 0, "no job was ever retried: the test proved nothing"
+        assert attempts, "no job was ever discarded: the test proved nothing"
         assert db.replay_problems(conn) == []
         conn.commit()
         # Nothing left locked: every row can be locked at once, without waiting.

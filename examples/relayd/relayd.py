@@ -1,22 +1,29 @@
-"""relayd: seed 000's job runner, on fsmc's generated `job` module and schema.
+"""relayd: seed 000's job runner, on fsmc's generated `queue` module and schema
+(specs/queue.yaml, a River-style queue in spec language 1.2).
 
     python examples/relayd/relayd.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
 
-creates the schema `relayd` (once, from generated/job/job.sql), enqueues --jobs no-op
-jobs, and runs until every one is terminal, printing what it does:
+creates the schema `relayd` (once, from generated/queue/queue.sql), enqueues --jobs
+no-op jobs, each with a budget of --max-tries attempts, and runs until every one is
+completed or discarded, printing what it does:
 
-- an asyncio worker pool: each worker claims the oldest queued job (`job.aclaim`,
-  SKIP LOCKED: two workers never get one job), starts it, heartbeats while it works
-  (`job.aheartbeat`; False means the job was taken from it: it stops), and finishes it,
-  or records an error (a job fails at random, --fail-rate);
-- a supervisor: reclaims jobs whose heartbeat is older than the lease (`job.areclaim`:
-  their worker died), retries failed jobs, abandons those that failed --max-tries
-  times, and purges terminal jobs older than --keep (`job.apurge`).
+- an asyncio worker pool: each worker fetches the oldest available job
+  (`queue.aclaim(FETCH)`, SKIP LOCKED: two workers never get one job; the database
+  counts the attempt), heartbeats while it works (`queue.aheartbeat`; False means the
+  job was taken from it: it stops), and completes it, or records an error (a job fails
+  at random, --fail-rate): the database sends it to `retryable`, or to `discarded` once
+  its attempts are spent;
+- a supervisor: reclaims jobs whose heartbeat is older than the lease
+  (`queue.areclaim`: their worker died; again retryable or discarded by their budget),
+  makes the retries that are due available again (`queue.aclaim(RETRY)`: the spec's
+  backoff, 1 s doubling, is the database's, so there is no retry loop or poller here),
+  and purges finished jobs older than --keep (`queue.apurge`).
 
 Every move goes through the database function, in its own short transaction: the
-event log (`job_events`) is the whole story, and `job_intervals` answers how long each
-stay took. `--chaos` kills workers at random moments (tasks cancelled, connections
-terminated mid-transaction), as tests/test_relayd.py does, to show nothing is lost.
+event log (`queue_job_events`) is the whole story, and `queue_intervals` answers how
+long each stay took. `--chaos` kills workers at random moments (tasks cancelled,
+connections terminated mid-transaction), as tests/test_relayd.py does, to show
+nothing is lost.
 """
 
 from __future__ import annotations
@@ -36,34 +43,35 @@ from typing import Any
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ROOT / "generated" / "job"
+GENERATED = ROOT / "generated" / "queue"
+RESTING = ("completed", "discarded")  # where a job ends up, done or given up on
 
 
-def load_job_module() -> ModuleType:
-    """The generated module, imported from generated/job/ (no install needed)."""
-    spec = importlib.util.spec_from_file_location("fsm_job", GENERATED / "fsm_job.py")
+def load_queue_module() -> ModuleType:
+    """The generated module, imported from generated/queue/ (no install needed)."""
+    spec = importlib.util.spec_from_file_location("fsm_queue", GENERATED / "fsm_queue.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["fsm_job"] = module
+    sys.modules["fsm_queue"] = module
     spec.loader.exec_module(module)
     return module
 
 
-job = load_job_module()
+queue = load_queue_module()
 
 Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
 
 
 @dataclass
 class Settings:
-    schema: str = "relayd"  # where job.sql is installed: every generated call names it
+    schema: str = "relayd"  # where queue.sql is installed: every generated call names it
     workers: int = 8
     lease: timedelta = timedelta(seconds=3)  # a heartbeat older than this: the worker is dead
     beat: float = 0.2  # seconds between heartbeats
     work: tuple[float, float] = (0.01, 0.1)  # a job's duration, seconds (uniform)
     fail_rate: float = 0.1
-    max_tries: int = 3  # failures before a job is abandoned
-    keep: timedelta = timedelta(hours=1)  # terminal jobs older than this are purged
+    max_tries: int = 3  # each job's budget of attempts (its fetch_cap): then it is discarded
+    keep: timedelta = timedelta(hours=1)  # finished jobs older than this are purged
     chaos: float = 0.0  # seconds between kills (0: no chaos)
     quiet: bool = False
 
@@ -85,38 +93,33 @@ class Pool:
 
 
 async def work_one(pool: Pool, conn: psycopg.AsyncConnection[Any], name: str) -> bool:
-    """Claim, start, run with heartbeats, finish or error one job; False: queue empty."""
+    """Fetch, run with heartbeats, complete or error one job; False: nothing available."""
     s = pool.settings
     async with conn.transaction():
-        claimed = await job.aclaim(conn, job.Event.CLAIM, actor=name, schema=s.schema)
+        claimed = await queue.aclaim(conn, queue.Event.FETCH, actor=name, schema=s.schema)
     if not claimed:
         return False
     row = claimed[0]
-    async with conn.transaction():
-        version = await job.atransition(conn, row.id, job.Event.START, expected_version=row.version,
-                                        actor=name, schema=s.schema)  # fmt: skip
-    if version is None:
-        pool.say(name, f"lost {row.id} before start (reclaimed)")
-        return True
-    pool.say(name, f"running {row.id}")
+    version = row.version
+    pool.say(name, f"running {row.id} (attempt {row.fetch_count} of {row.fetch_cap})")
     deadline = asyncio.get_running_loop().time() + random.uniform(*s.work)
     while (left := deadline - asyncio.get_running_loop().time()) > 0:
         await asyncio.sleep(min(left, s.beat))
         async with conn.transaction():
-            alive = await job.aheartbeat(conn, row.id, expected_version=version, schema=s.schema)
+            alive = await queue.aheartbeat(conn, row.id, expected_version=version, schema=s.schema)
         if not alive:
             pool.say(name, f"lost {row.id} while running (reclaimed)")
             return True
-    event = job.Event.ERROR if random.random() < s.fail_rate else job.Event.FINISH
+    event = queue.Event.ERROR if random.random() < s.fail_rate else queue.Event.COMPLETE
     async with conn.transaction():
-        done = await job.atransition(conn, row.id, event, expected_version=version, actor=name,
-                                     payload={"worker": name}, schema=s.schema)  # fmt: skip
+        done = await queue.atransition(conn, row.id, event, expected_version=version, actor=name,
+                                       payload={"worker": name}, schema=s.schema)  # fmt: skip
     if done is None:
         pool.say(name, f"lost {row.id} at the end (reclaimed)")
     else:
-        if event is job.Event.FINISH:
+        if event is queue.Event.COMPLETE:
             pool.finished.append(row.id)
-        pool.say(name, f"{'finished' if event is job.Event.FINISH else 'error on'} {row.id}")
+        pool.say(name, f"{'completed' if event is queue.Event.COMPLETE else 'error on'} {row.id}")
     return True
 
 
@@ -126,7 +129,7 @@ async def worker(pool: Pool, name: str, pid: list[int], stop: asyncio.Event) -> 
             pid.append(conn.info.backend_pid)
             while not stop.is_set():
                 if not await work_one(pool, conn, name):
-                    await asyncio.sleep(0.05)  # nothing queued
+                    await asyncio.sleep(0.05)  # nothing available
     except asyncio.CancelledError:
         pool.dead.add(name)
         pool.say(name, "cancelled")
@@ -148,25 +151,19 @@ def spawn(pool: Pool, stop: asyncio.Event) -> None:
 
 
 async def supervise(pool: Pool, conn: psycopg.AsyncConnection[Any]) -> None:
-    """One round: reclaim stale leases, retry or abandon failed jobs, purge old ones."""
+    """One round: reclaim stale leases, make due retries available, purge old jobs.
+    Whether a job is retried or discarded, and when a retry is due, is the spec's."""
     s = pool.settings
     async with conn.transaction():
-        for row_id in await job.areclaim(conn, older_than=s.lease, actor="supervisor", schema=s.schema):
+        for row_id in await queue.areclaim(conn, older_than=s.lease, actor="supervisor", schema=s.schema):
             pool.say("supervisor", f"reclaimed {row_id} (stale heartbeat)")
     async with conn.transaction():
-        failed = await (await conn.execute(
-            "SELECT j.id, j.state_version, (SELECT count(*) FROM job_events AS e"
-            " WHERE e.job_id = j.id AND e.event = 'error')"
-            " FROM jobs AS j WHERE j.state = 'failed' ORDER BY j.entered_at LIMIT 100")).fetchall()  # fmt: skip
-        for row_id, version, failures in failed:
-            event = job.Event.ABANDON if failures >= s.max_tries else job.Event.RETRY
-            if await job.atransition(conn, row_id, event, expected_version=version, actor="supervisor",
-                                     schema=s.schema):
-                pool.say("supervisor", f"{event.value} {row_id} after {failures} failure(s)")
+        for row in await queue.aclaim(conn, queue.Event.RETRY, actor="supervisor", limit=100, schema=s.schema):
+            pool.say("supervisor", f"retry {row.id} after {row.fetch_count} attempt(s)")
     async with conn.transaction():
-        purged = await job.apurge(conn, older_than=s.keep, limit=1000, schema=s.schema)
+        purged = await queue.apurge(conn, older_than=s.keep, limit=1000, schema=s.schema)
     if purged:
-        pool.say("supervisor", f"purged {purged} old terminal job(s)")
+        pool.say("supervisor", f"purged {purged} old finished job(s)")
 
 
 async def chaos(pool: Pool, admin: psycopg.AsyncConnection[Any], stop: asyncio.Event) -> None:
@@ -188,21 +185,22 @@ async def chaos(pool: Pool, admin: psycopg.AsyncConnection[Any], stop: asyncio.E
 async def remaining(conn: psycopg.AsyncConnection[Any]) -> int:
     async with conn.transaction():
         row = await (await conn.execute(
-            "SELECT count(*) FROM jobs WHERE state <> ALL (%s)",
-            ([s.value for s in job.TERMINAL],))).fetchone()  # fmt: skip
+            "SELECT count(*) FROM queue_jobs WHERE state <> ALL (%s)", (list(RESTING),))).fetchone()  # fmt: skip
     assert row is not None
     return int(row[0])
 
 
 async def run(connect: Connect, jobs: int, settings: Settings,
               admin: Connect | None = None) -> Pool:  # fmt: skip
-    """Enqueue `jobs`, run the pool and the supervisor until every job is terminal."""
+    """Enqueue `jobs`, run the pool and the supervisor until every job is completed or
+    discarded."""
     pool = Pool(settings, connect)
     stop = asyncio.Event()
     async with await connect() as conn:
         async with conn.transaction():
             async with conn.cursor() as cur:
-                await cur.executemany("INSERT INTO jobs DEFAULT VALUES", [()] * jobs)
+                # Each job's own budget of attempts (the spec's cap per row, fetch_cap).
+                await cur.executemany("INSERT INTO queue_jobs (fetch_cap) VALUES (%s)", [(settings.max_tries,)] * jobs)
         pool.say("relayd", f"enqueued {jobs} jobs; {settings.workers} workers")
         killer = None
         if settings.chaos:
@@ -222,7 +220,7 @@ async def run(connect: Connect, jobs: int, settings: Settings,
                 await admin_conn.close()
             tasks = [t for t, _ in pool.live.values()]
             await asyncio.gather(*tasks, return_exceptions=True)
-    pool.say("relayd", f"all {jobs} jobs terminal; {len(pool.dead)} worker(s) died on the way")
+    pool.say("relayd", f"all {jobs} jobs completed or discarded; {len(pool.dead)} worker(s) died on the way")
     return pool
 
 
@@ -239,12 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (args.schema,)).fetchone()
         if not exists:
-            print(f"creating schema {args.schema} from {GENERATED / 'job.sql'}")
+            print(f"creating schema {args.schema} from {GENERATED / 'queue.sql'}")
             with conn.transaction():
                 conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(args.schema)))
                 conn.execute(psycopg.sql.SQL("SET LOCAL search_path = {}").format(
                     psycopg.sql.Identifier(args.schema)))  # fmt: skip
-                conn.execute((GENERATED / "job.sql").read_bytes())
+                conn.execute((GENERATED / "queue.sql").read_bytes())
 
     async def connect() -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(args.dsn, options=f"-c search_path={args.schema}")
