@@ -613,8 +613,15 @@ def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) ->
 
         racer = threading.Thread(target=race)
         racer.start()
-        racer.join(0.2)
+        # The second apply waits for the first's row lock: PostgreSQL shows its backend
+        # waiting on a lock (asked, not slept for: the suite waits no longer than that).
+        waiting = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s"
+        for _ in range(1000):
+            if first.execute(waiting, (second.info.backend_pid,)).fetchone() == ("Lock",):
+                break
+            racer.join(0.01)
         assert racer.is_alive(), "the second apply must wait for the first"
+        assert first.execute(waiting, (second.info.backend_pid,)).fetchone() == ("Lock",)
         first.commit()
         racer.join(10)
         assert results == [None]
