@@ -17,6 +17,13 @@ them to the end; the figure is jobs / (enqueue + drain) seconds, the best of --r
 - pgqueuer: `Queries.enqueue` of the whole batch, then `PgQueuer.run(mode=drain,
   max_concurrent_tasks=N)` (it dequeues in batches and logs each job's end).
 
+- fsmc queue: specs/queue.yaml (a River-style queue, language 1.2) without its limit
+  (benchmarks/bench_limits.py measures that), a worker fetching a job and completing
+  it (two round trips), "retries" as the spec is (each job's own attempts, a spent
+  budget's otherwise, a doubling backoff on retry, a reset on revive), "plain" the same
+  machine without any of those: what the retry machinery costs a job that succeeds
+  (issue 21: at most 10% of throughput).
+
 Their machinery differs (procrastinate and pgqueuer keep no per-transition history;
 pgqueuer dequeues in batches); the figures say what a user gets from each for the
 same no-op job. Nothing here is a test: speed belongs here, not in tests/.
@@ -209,8 +216,81 @@ def pgqueuer_run(dsn: str, schema: str, jobs: int, workers: int) -> float:
     return elapsed
 
 
+# --- fsmc, the River-style queue with and without its retry machinery ---------------------
+
+
+def queue_variant(plain: bool, keep_caps: bool = False) -> tuple[Any, str]:
+    """The generated module and SQL of specs/queue.yaml without its limit, and (plain)
+    without otherwise, spent, reset and after, and caps unless `keep_caps`: built here,
+    into a temporary folder."""
+    import re
+    import tempfile
+
+    from fsmc import pipeline, source
+    from fsmc.targets import generate
+
+    text = (ROOT / "specs" / "queue.yaml").read_text(encoding="utf-8")
+    text = re.sub(r"\nlimits:\n(  .*\n)+", "\n", text)
+    if plain:
+        text = re.sub(r", (otherwise: \w+|spent: \w+|reset: \[[^]]*\])", "", text)
+        text = re.sub(r", after: (\{[^}]*\}|\w+)", "", text)
+        if not keep_caps:
+            text = re.sub(r"\ncaps:\n(  .*\n)+", "\n", text)
+    checked = pipeline.check(source.Source("queue.yaml", "queue.yaml", text.encode()))
+    assert checked.machine is not None and checked.ok(), checked.diagnostics
+    folder = Path(tempfile.mkdtemp(prefix="fsmc-bench-queue-"))
+    files = {path.rsplit("/", 1)[-1]: text for path, text in generate(checked.machine).files.items()}
+    name = f"fsm_queue_{'plain' if plain else 'retries'}{'_caps' if keep_caps else ''}"
+    (folder / f"{name}.py").write_text(files["fsm_queue.py"])
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module, files["queue.sql"]
+
+
+def fsmc_queue(plain: bool, keep_caps: bool = False) -> Callable[[str, str, int, int], float]:
+    def run(dsn: str, schema: str, jobs: int, workers: int) -> float:
+        queue, text = queue_variant(plain, keep_caps)
+        fresh_schema(dsn, schema)
+        with psycopg.connect(dsn, options=options(schema)) as conn:
+            conn.execute(text.encode())
+            conn.commit()
+        done = [0] * workers
+
+        async def work(n: int) -> None:
+            async with await psycopg.AsyncConnection.connect(dsn, options=options(schema),
+                                                             autocommit=True) as conn:  # fmt: skip
+                while True:
+                    claimed = await queue.aclaim(conn, queue.Event.FETCH, actor=f"q{n}", schema=schema)
+                    if not claimed:
+                        return
+                    row = claimed[0]
+                    await queue.atransition(conn, row.id, queue.Event.COMPLETE, expected_version=row.version,
+                                            actor=f"q{n}", schema=schema)  # fmt: skip
+                    done[n] += 1
+
+        async def main() -> float:
+            start = time.perf_counter()
+            async with await psycopg.AsyncConnection.connect(dsn, options=options(schema)) as conn:
+                await conn.execute("INSERT INTO queue_jobs SELECT FROM generate_series(1, %s)", (jobs,))
+                await conn.commit()
+            await asyncio.gather(*(work(n) for n in range(workers)))
+            return time.perf_counter() - start
+
+        elapsed = asyncio.run(main())
+        assert sum(done) == jobs, (sum(done), jobs)
+        return elapsed
+
+    return run
+
+
 CONTENDERS: dict[str, Callable[[str, str, int, int], float]] = {
     "fsmc asyncio": fsmc_asyncio,
+    "fsmc queue retries": fsmc_queue(plain=False),
+    "fsmc queue caps": fsmc_queue(plain=True, keep_caps=True),
+    "fsmc queue plain": fsmc_queue(plain=True),
     "fsmc threads": fsmc_threads,
     "procrastinate": procrastinate_run,
     "pgqueuer": pgqueuer_run,
