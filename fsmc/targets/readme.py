@@ -26,13 +26,28 @@ class ReadmeContext:
     transitions: list[tuple[str, str, str, str]]  # (from, event, targets, description)
     choices: bool
     never_ends: bool
-    caps: list[tuple[str, int]]
+    caps: list[tuple[str, str]]  # (event, its cap as the table says it)
     lease: Lease | None
     files: list[str]
     schema: str
     grants: list[str]
     sql_file: str
     test_file: str
+
+
+def _goes_to(m: Machine, source: str, event: str) -> str:
+    """A transition's `to` as a reviewer reads it: its targets, and (1.2) when time
+    allows it, where a spent budget sends the row instead, the budgets it gives back."""
+    text = " or ".join(f"`{x}`" for x in m.targets[source, event])
+    if (source, event) in m.timers:
+        when = m.timers[source, event].describe()
+        text += "; at the row's `due_at`" if when == "due_at" else f"; after {when}"
+    if (source, event) in m.otherwise:
+        to, budget = m.otherwise[source, event]
+        text += f"; `{to}` once `{budget}`'s budget is spent"
+    if (source, event) in m.resets:
+        text += "; gives back " + ", ".join(f"`{e}`" for e in m.resets[source, event]) + "'s budget"
+    return text
 
 
 def emit(machine: Machine, diagram: str, pg: Build) -> str:
@@ -59,13 +74,11 @@ def emit(machine: Machine, diagram: str, pg: Build) -> str:
         diagram=diagram,
         states=states,
         events=[(str(d.name), d.description or "") for d in m.events],
-        transitions=[
-            (s, e, " or ".join(f"`{x}`" for x in m.targets[s, e]), t.description or "")
-            for (s, e), t in m.first.items()
-        ],
+        transitions=[(s, e, _goes_to(m, s, e), t.description or "") for (s, e), t in m.first.items()],
         choices=bool(m.choices),
         never_ends=not m.terminals,
-        caps=list(m.cap_limits.items()),
+        caps=[(e, f"{cap} per row, at most {m.per_row_caps[e]}" if e in m.per_row_caps else str(cap))
+              for e, cap in m.cap_limits.items()],  # fmt: skip
         lease=m.lease,
         files=[p.split("/", 1)[1] for p in (paths.module, paths.sql, paths.mermaid, paths.tests)],
         schema=m.postgres.schema,
