@@ -295,7 +295,7 @@ BEGIN
                 state_version = t.state_version + 1,
                 fetch_count = CASE WHEN (v_move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'fetch' THEN 0 ELSE t.fetch_count + CASE WHEN v_event = 'fetch' AND NOT v_spent THEN 1 ELSE 0 END END,
             retry_count = CASE WHEN (v_move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT v_spent THEN 1 ELSE 0 END END,
-                due_at = CASE v_to WHEN 'scheduled' THEN coalesce(queue_apply.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END))) * '1 millisecond'::pg_catalog.interval END,
+                due_at = CASE v_to WHEN 'scheduled' THEN coalesce(queue_apply.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
                 entered_at = pg_catalog.now(),
                 claimed_by = CASE v_lease WHEN 'enter' THEN queue_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
@@ -454,7 +454,7 @@ BEGIN
             state_version = t.state_version + 1,
             fetch_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'fetch' THEN 0 ELSE t.fetch_count + CASE WHEN 'rescue' = 'fetch' AND NOT s.spent THEN 1 ELSE 0 END END,
             retry_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN 'rescue' = 'retry' AND NOT s.spent THEN 1 ELSE 0 END END,
-            due_at = CASE x.to_state WHEN 'scheduled' THEN coalesce(NULL, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN 'rescue' = 'retry' THEN 1 ELSE 0 END))) * '1 millisecond'::pg_catalog.interval END,
+            due_at = CASE x.to_state WHEN 'scheduled' THEN coalesce(NULL, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN 'rescue' = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
             entered_at = pg_catalog.now(),
             claimed_by = CASE x.lease WHEN 'enter' THEN queue_reclaim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
             claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
@@ -569,7 +569,7 @@ BEGIN
                 state_version = t.state_version + 1,
                 fetch_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'fetch' THEN 0 ELSE t.fetch_count + CASE WHEN v_event = 'fetch' AND NOT p.spent THEN 1 ELSE 0 END END,
                 retry_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT p.spent THEN 1 ELSE 0 END END,
-                due_at = CASE x.to_state WHEN 'scheduled' THEN coalesce(queue_claim.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END))) * '1 millisecond'::pg_catalog.interval END,
+                due_at = CASE x.to_state WHEN 'scheduled' THEN coalesce(queue_claim.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
                 entered_at = pg_catalog.now(),
                 claimed_by = CASE x.lease WHEN 'enter' THEN queue_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
@@ -613,7 +613,7 @@ BEGIN
                 state_version = t.state_version + 1,
                 fetch_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'fetch' THEN 0 ELSE t.fetch_count + CASE WHEN v_event = 'fetch' AND NOT p.spent THEN 1 ELSE 0 END END,
                 retry_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT p.spent THEN 1 ELSE 0 END END,
-                due_at = CASE x.to_state WHEN 'scheduled' THEN coalesce(queue_claim.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END))) * '1 millisecond'::pg_catalog.interval END,
+                due_at = CASE x.to_state WHEN 'scheduled' THEN coalesce(queue_claim.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
                 entered_at = pg_catalog.now(),
                 claimed_by = CASE x.lease WHEN 'enter' THEN queue_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
@@ -657,7 +657,7 @@ BEGIN
                 state_version = t.state_version + 1,
                 fetch_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'fetch' THEN 0 ELSE t.fetch_count + CASE WHEN v_event = 'fetch' AND NOT p.spent THEN 1 ELSE 0 END END,
                 retry_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT p.spent THEN 1 ELSE 0 END END,
-                due_at = CASE x.to_state WHEN 'scheduled' THEN coalesce(queue_claim.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END))) * '1 millisecond'::pg_catalog.interval END,
+                due_at = CASE x.to_state WHEN 'scheduled' THEN coalesce(queue_claim.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
                 entered_at = pg_catalog.now(),
                 claimed_by = CASE x.lease WHEN 'enter' THEN queue_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
                 claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
@@ -775,7 +775,7 @@ BEGIN
             HINT = 'insert without retry_count; it counts the event''s firings';
     END IF;
     -- Its due time is the database's (for a state that waits for one, the time given).
-    NEW.due_at := CASE NEW.state WHEN 'scheduled' THEN coalesce(NEW.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, NEW.retry_count + CASE WHEN NULL = 'retry' THEN 1 ELSE 0 END))) * '1 millisecond'::pg_catalog.interval END;
+    NEW.due_at := CASE NEW.state WHEN 'scheduled' THEN coalesce(NEW.due_at, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, NEW.retry_count + CASE WHEN NULL = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END;
     RETURN NEW;
 END
 $fsmc$;
@@ -868,7 +868,7 @@ BEGIN
         -- The claim columns follow the lease rule; the claimer is the session's role.
         v_lease := CASE WHEN OLD.state = ANY ('{"running"}'::text[]) THEN CASE WHEN NEW.state = ANY ('{"running"}'::text[]) THEN 'stay' ELSE 'leave' END WHEN NEW.state = ANY ('{"running"}'::text[]) THEN 'enter' ELSE 'none' END;
         NEW.entered_at := pg_catalog.now();
-        NEW.due_at := CASE NEW.state WHEN 'scheduled' THEN coalesce(NULL, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, NEW.retry_count + CASE WHEN NULL = 'retry' THEN 1 ELSE 0 END))) * '1 millisecond'::pg_catalog.interval END;
+        NEW.due_at := CASE NEW.state WHEN 'scheduled' THEN coalesce(NULL, pg_catalog.now()) WHEN 'retryable' THEN pg_catalog.now() + LEAST(3600000::pg_catalog.float8, 1000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(12, NEW.retry_count + CASE WHEN NULL = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END;
         NEW.claimed_by := CASE v_lease WHEN 'enter' THEN SESSION_USER::pg_catalog.text WHEN 'leave' THEN NULL ELSE OLD.claimed_by END;
         NEW.claimed_at := CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE OLD.claimed_at END;
         NEW.heartbeat_at := CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE OLD.heartbeat_at END;

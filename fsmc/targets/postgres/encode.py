@@ -135,11 +135,12 @@ def due_from_entry(timer: Timer, count: str, row: str = "t") -> str:
     if timer.kind == "due_at":
         return "pg_catalog.now()"
     if timer.kind == "delay":
-        return f"{row}.entered_at + {timer.ms} * '1 millisecond'::pg_catalog.interval"
+        return f"{row}.entered_at + {timer.ms}::pg_catalog.float8 * '1 millisecond'::pg_catalog.interval"
     exponent = backoff_exponent(timer)
     return (
-        f"{row}.entered_at + LEAST({timer.most_ms}::pg_catalog.float8, {timer.ms} * pg_catalog.power("
-        f"{timer.factor}::pg_catalog.float8, LEAST({exponent}, {row}.{count}))) * '1 millisecond'::pg_catalog.interval"
+        f"{row}.entered_at + LEAST({timer.most_ms}::pg_catalog.float8, {timer.ms}::pg_catalog.float8 * pg_catalog.power("
+        f"{timer.factor}::pg_catalog.float8, LEAST({exponent}, {row}.{count})::pg_catalog.float8))"
+        " * '1 millisecond'::pg_catalog.interval"
     )
 
 
