@@ -441,6 +441,12 @@ def load_sql(dsn: str, path: Path, schema: str) -> subprocess.CompletedProcess[s
 
 def nested_plans(db: Any, query: bytes) -> list[str]:
     """The plans of the statements `query` runs inside functions (auto_explain)."""
+    return explained(db, query)[1]
+
+
+def explained(db: Any, query: bytes) -> tuple[list[Any], list[str]]:
+    """`query`'s rows (as a superuser, rolled back) and the plans of the statements it
+    runs inside functions, as they ran (auto_explain)."""
     with db.superuser() as su:
         notices: list[str] = []
         su.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
@@ -448,6 +454,6 @@ def nested_plans(db: Any, query: bytes) -> list[str]:
         for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
                         "auto_explain.log_level = notice", "auto_explain.log_format = text"):  # fmt: skip
             su.execute(f"SET {setting}")
-        su.execute(query).fetchall()
+        rows = su.execute(query).fetchall()
         su.rollback()
-    return notices
+    return rows, notices

@@ -30,7 +30,7 @@ from fsmc.facts import logged_moves
 from fsmc.targets import sqlstate
 from fsmc.targets.postgres.build import build, emit
 from tests.conftest import SPECS
-from tests.harness import refused, refused_at_commit, snapshot, sqlstate_of
+from tests.harness import explained, refused, refused_at_commit, snapshot, sqlstate_of
 from tests.pg_scratch import (
     LEASE_SPEC_NAMES,
     SPEC_NAMES,
@@ -815,16 +815,9 @@ def test_reclaim_scans_the_partial_index_over_100k_mostly_terminal_rows(lease_db
         conn.commit()
         conn.autocommit = True
         conn.execute(db.q("ANALYZE {table}"))
-    with db.superuser() as su:
-        # auto_explain shows the plan of the statement inside the function, as it ran.
-        notices: list[str] = []
-        su.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        su.execute("LOAD 'auto_explain'")
-        for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
-                        "auto_explain.log_level = notice", "auto_explain.log_format = text"):  # fmt: skip
-            su.execute(f"SET {setting}")
-        got = su.execute(db.q("SELECT count(*) FROM {reclaim}('5 minutes', 'supervisor')")).fetchone()
-        su.rollback()
+    # auto_explain shows the plan of the statement inside the function, as it ran.
+    rows, notices = explained(db, db.q("SELECT count(*) FROM {reclaim}('5 minutes', 'supervisor')"))
+    got = tuple(rows[0])
     assert got == (1000,)
     plans = [p for p in notices if "SKIP LOCKED" in p]
     assert len(plans) == 1, notices
