@@ -105,7 +105,7 @@ from functools import cache
 
 import jinja2
 
-from fsmc import facts
+from fsmc import columns, facts
 from fsmc.digest import machine_digest
 from fsmc.escape import (
     sql_comment,
@@ -116,7 +116,7 @@ from fsmc.escape import (
     sql_text_array,
 )
 from fsmc.facts import CLAIM_COLUMNS
-from fsmc.model import Machine
+from fsmc.model import DeclaredColumn, Machine
 from fsmc.targets.common import ID_TYPES, Header, Paths
 from fsmc.targets.postgres import comments
 from fsmc.targets.postgres.encode import (
@@ -353,6 +353,8 @@ def build(machine: Machine) -> Build:
               for cap in c.caps if cap.cap_column),  # fmt: skip
             # 1.2: when a row in a timed state is due (set on entry: NULL elsewhere).
             *((Column("due_at", "timestamptz"),) if c.timing else ()),
+            # 1.2: the row's own data, as the spec declares it (`fsmc.columns`).
+            *map(declared_column, m.postgres.columns),
         ),
         constraints=(
             Constraint(n.table_pkey, "PRIMARY KEY (id)"),
@@ -451,7 +453,7 @@ def build(machine: Machine) -> Build:
         Parameter("max_rows", "integer", "1"),
         Parameter("to_state", "text", "NULL"),
         *((Parameter("due_at", "timestamptz", "NULL"),) if c.timing and c.timing.given else ()),
-        returns=f"TABLE (id {id_type}, state_version bigint)", body=body("claim"), attributes=_WRITER,
+        returns=f"SETOF {n.table}", body=body("claim"), attributes=_WRITER,
     )  # fmt: skip
     function(names.purge, Parameter("older_than", "interval"), Parameter("max_rows", "integer"),
              returns="bigint", body=body("purge"), attributes=("SECURITY DEFINER",),
@@ -539,6 +541,12 @@ def build(machine: Machine) -> Build:
 _STATE_MOVED = "UPDATE OF state, state_version"
 _SEQSCAN_OFF = (("enable_seqscan", "off"),)
 _WRITER = ("SECURITY DEFINER",)
+
+
+def declared_column(column: DeclaredColumn) -> Column:
+    kind = columns.TYPES[column.type]
+    default = columns.sql_default(kind, column.default) if column.has_default else None
+    return Column(str(column.name), kind.sql, not_null=not column.nullable, default=default)
 
 
 def timing_context(m: Machine) -> TimingContext | None:
