@@ -6,9 +6,8 @@ The database tests play the application (`Scratch.connect()`: the README's grant
 
 from __future__ import annotations
 
-import datetime
-
 import asyncio
+import datetime
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
