@@ -169,6 +169,10 @@ class Postgres:
     # is installed into whichever schema the installer's search_path names first).
     schema: str = "public"
     columns: tuple[DeclaredColumn, ...] = ()  # 1.2, in spec order
+    # 1.2's `claim: {by, order}`: declared columns a claim may be limited to, and the one
+    # it takes the lowest of first (then the oldest). As written: `validate` checks them.
+    claim_by: tuple[Text, ...] = ()
+    claim_order: Text | None = None
 
 
 @dataclass(frozen=True)
@@ -516,8 +520,11 @@ def _postgres(value: Any, machine: Text) -> Postgres:
     id_type = options.get("id_type")
     schema = _name(options.get("schema"))
     given = frozenset(k for k in ("table", "events_table", "id_type", "schema") if _name(options.get(k)))
+    claim = options.get("claim")
+    claim = claim if isinstance(claim, Mapping) else Mapping((1, 1))
     return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid", given,
-                    schema if schema is not None else "public", _columns(options.get("columns")))  # fmt: skip
+                    schema if schema is not None else "public", _columns(options.get("columns")),
+                    _names(claim.get("by")), _name(claim.get("order")))  # fmt: skip
 
 
 def _columns(value: Any) -> tuple[DeclaredColumn, ...]:

@@ -142,6 +142,22 @@ def bad_column(m: Machine) -> Iterator[Diagnostic]:
                 yield _at(m, column.name, codes.BAD_COLUMN, f"postgres.columns.{column.name}: {problem}")
 
 
+def claim_columns(m: Machine) -> Iterator[Diagnostic]:
+    """1.2's `postgres.claim`: `by` and `order` name declared columns a claim can compare
+    and sort through a btree index (not jsonb or bytea)."""
+    declared = {str(c.name): c.type for c in m.postgres.columns}
+    named = [("by", n) for n in m.postgres.claim_by]
+    named += [("order", m.postgres.claim_order)] if m.postgres.claim_order is not None else []
+    for key, name in named:
+        if name not in declared:
+            yield _at(m, name, codes.BAD_COLUMN,
+                      f"postgres.claim.{key}: '{name}' is not a declared column{_did_you_mean(name, declared)}")  # fmt: skip
+        elif declared[name] in ("jsonb", "bytea"):
+            yield _at(m, name, codes.BAD_COLUMN,
+                      f"postgres.claim.{key}: '{name}' is a {declared[name]} column; a claim compares and orders "
+                      "text, numbers, booleans, times, dates and uuids")  # fmt: skip
+
+
 def duplicate_name(m: Machine) -> Iterator[Diagnostic]:
     lists: list[tuple[str, Iterable[Text]]] = [
         ("state", (d.name for d in m.states)),
@@ -561,6 +577,7 @@ def _first_declarations(m: Machine) -> list[Text]:
 REFERENCE_RULES: tuple[Rule, ...] = (
     bad_name,
     bad_column,
+    claim_columns,
     duplicate_name,
     unknown_state,
     unknown_event,

@@ -21,7 +21,7 @@ import pytest
 
 from fsmc.pipeline import check
 from fsmc.source import Source
-from tests.harness import refused, sqlstate_of
+from tests.harness import explained, refused, sqlstate_of
 from tests.pg_scratch import Scratch, machine_of, module_of
 
 
@@ -208,5 +208,38 @@ def test_types_round_trip(pg_dsn: str, tmp_path: Path) -> None:
                          ratio=1e-3, urgent=True, run_after=plain.created_at, options=[3])  # fmt: skip
             full = fsm.create(app, schema=db.schema, **given)
             assert {k: getattr(full, k) for k in given} == given
+    finally:
+        db.drop()
+
+
+def test_claim_by_queue_takes_that_queues_lowest_priority_first_through_an_index(pg_dsn: str, tmp_path: Path) -> None:
+    # specs/queue.yaml: `claim: {by: [queue], order: priority}`. Among many rows of other
+    # queues, a claim limited to one queue takes its rows by priority, then age; an
+    # unlimited claim takes the lowest priority of all; each reads an index, no table scan.
+    machine = machine_of("queue")
+    fsm = module_of(machine, tmp_path)
+    db = Scratch.create(pg_dsn, machine)
+    try:
+        with db.connect() as app:
+            fsm.create_many(app, [{"queue": f"other-{n % 50}", "priority": n % 7 + 1} for n in range(3000)], schema=db.schema)
+            mine = fsm.create_many(app, [{"queue": "mine", "priority": p} for p in (5, 2, 9, 2)], schema=db.schema)
+            urgent = fsm.create(app, queue="other-1", priority=0, schema=db.schema)
+            app.commit()
+        with db.owner() as owner:
+            owner.execute(db.q("ANALYZE {table}"))
+            owner.commit()
+        with db.connect() as app:
+            got = fsm.claim(app, "fetch", actor="w", limit=3, queue="mine", schema=db.schema)
+            assert [j.id for j in got] == [mine[1].id, mine[3].id, mine[0].id]  # 2, 2 (the older first), 5
+            assert {j.queue for j in got} == {"mine"}
+            (first,) = fsm.claim(app, "fetch", actor="w", schema=db.schema)
+            assert first.id == urgent.id
+            app.rollback()
+        for query, index in ((f"SELECT * FROM {db.schema}.queue_claim('fetch', 'w', 3, queue => 'mine')", "queue_jobs_claim_by_idx"),
+                             (f"SELECT * FROM {db.schema}.queue_claim('fetch', 'w', 3)", "queue_jobs_claim_idx")):  # fmt: skip
+            rows, plans = explained(db, query.encode())
+            picking = [p for p in plans if "LockRows" in p and "queue_jobs" in p]
+            assert rows and picking, plans
+            assert all(index in p and "Seq Scan on queue_jobs" not in p for p in picking), picking
     finally:
         db.drop()

@@ -713,3 +713,14 @@ def test_declared_columns_of_every_type_are_clean() -> None:
     note: {type: text, nullable: false, default: ''}
 """
     assert run(spec)[0] == []
+
+
+def test_claim_by_and_order_name_declared_columns_a_claim_can_compare() -> None:
+    spec = BASE + """postgres:
+  columns:
+    args: jsonb
+    queue: {type: text, default: default}
+  claim: {by: [@queu, @args], order: @priority}
+"""
+    assert_only("bad-column", spec, "'queu' is not a declared column; did you mean 'queue'?",
+                "'args' is a jsonb column", "postgres.claim.order: 'priority' is not a declared column")  # fmt: skip

@@ -96,6 +96,8 @@ class ModuleContext:
     # 1.2: what create() may give a row: (key, annotation, the exact type it is cast to)
     insert_fields: list[tuple[str, str, str]]
     uses_decimal: bool
+    # 1.2's `postgres.claim.by`: what claim() may be limited to: (name, annotation, cast)
+    claim_by: list[tuple[str, str, str]]
     lease: bool
     reclaim_event: str
 
@@ -146,6 +148,8 @@ def context(machine: Machine) -> ModuleContext:
                                *map(cap_field, m.per_row_caps), *(f for f, *_ in extra_fields(m))]),  # fmt: skip
         extra_fields=extra_fields(m),
         insert_fields=insert_fields(m),
+        claim_by=[(name, annotation.removesuffix(" | None") + " | None", cast)
+                  for name, annotation, cast in insert_fields(m) if name in m.postgres.claim_by],  # fmt: skip
         uses_decimal=any(columns.TYPES[c.type].python == "decimal.Decimal" for c in m.postgres.columns),
         lease=m.lease is not None,
         reclaim_event=str(m.lease.reclaim) if m.lease is not None else "",

@@ -199,6 +199,10 @@ class ClaimContext:
     claimable_array: str
     in_claimable: str
     index_predicate: str
+    # 1.2's `postgres.claim`: (column, claim's parameter) a claim may be limited to, and
+    # the ORDER BY of a claim of an untimed event (the lowest `order` first, then the oldest).
+    by: list[tuple[str, str]]
+    order: str
 
 
 @dataclass(frozen=True)
@@ -333,6 +337,7 @@ def build(machine: Machine) -> Build:
 
     ids = ID_TYPES[m.postgres.id_type]
     id_type = ids.sql
+    declared_types = {str(c.name): c.type for c in m.postgres.columns}
     triples_hash = short_hash(triples(m))
     domains = spec_domains(m, triples_hash)
     state_domain, transition_domain = domains
@@ -397,7 +402,9 @@ def build(machine: Machine) -> Build:
     if c.timing is not None:
         indexes += (Index(n.due_index, n.table, "(due_at)", c.timing.index_predicate),)
     indexes += (
-        Index(n.claim_index, n.table, "(entered_at)", c.claiming.index_predicate, comments.CLAIM_INDEX),
+        Index(n.claim_index, n.table, f"({', '.join(claim_key(m))})", c.claiming.index_predicate, comments.CLAIM_INDEX),
+        *((Index(n.claim_by_index, n.table, f"({', '.join([*m.postgres.claim_by, *claim_key(m)])})",
+                 c.claiming.index_predicate, comments.CLAIM_BY_INDEX),) if m.postgres.claim_by else ()),
         Index(n.purge_index, n.table, "(entered_at)", c.purging.index_predicate),
     )
     tickets = Table(
@@ -453,6 +460,7 @@ def build(machine: Machine) -> Build:
         Parameter("max_rows", "integer", "1"),
         Parameter("to_state", "text", "NULL"),
         *((Parameter("due_at", "timestamptz", "NULL"),) if c.timing and c.timing.given else ()),
+        *(Parameter(str(name), columns.TYPES[declared_types[name]].sql, "NULL") for name in m.postgres.claim_by),
         returns=f"SETOF {n.table}", body=body("claim"), attributes=_WRITER,
     )  # fmt: skip
     function(names.purge, Parameter("older_than", "interval"), Parameter("max_rows", "integer"),
@@ -541,6 +549,13 @@ def build(machine: Machine) -> Build:
 _STATE_MOVED = "UPDATE OF state, state_version"
 _SEQSCAN_OFF = (("enable_seqscan", "off"),)
 _WRITER = ("SECURITY DEFINER",)
+
+
+def claim_key(m: Machine) -> list[str]:
+    """The columns a claim of an untimed event orders by: 1.2's `postgres.claim.order`
+    (the lowest first), then `entered_at` (the oldest)."""
+    order = m.postgres.claim_order
+    return [*([str(order)] if order is not None else []), "entered_at"]
 
 
 def declared_column(column: DeclaredColumn) -> Column:
@@ -688,6 +703,8 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
             claimable_array=sql_text_array(claimable),
             in_claimable=sql_among("t.state", claimable, unclaimable),
             index_predicate=sql_among("state", claimable, unclaimable),
+            by=[(str(c), f"{n.claim}.{c}") for c in m.postgres.claim_by],
+            order=", ".join(f"t.{c}" for c in claim_key(m)),
         ),
         purging=PurgeContext(
             in_purgeable=sql_among("t.state", purgeable, [s for s in states if s not in purgeable]),
