@@ -1,12 +1,12 @@
 """Escape: one function per target language for every value that reaches generated code.
 
-Two kinds. The literal and identifier functions (`py_str`, `sql_str`,
+Two kinds. The literal and identifier functions (`py_str`, `ts_str`, `sql_str`,
 `sql_text_array`, `sql_ident`) return text whose meaning in the target is exactly
 the input, whatever it holds: quotes, backslashes, newlines, `*/`, `--`, `$$`,
 `{{ }}`, `%%`, non-ASCII. The SQL ones raise ValueError for what PostgreSQL cannot
 hold (NUL; an identifier over 63 bytes), which the schema stage refuses earlier.
 
-The one-line functions (`py_comment`, `sql_comment`, `mermaid_comment`,
+The one-line functions (`py_comment`, `ts_comment`, `sql_comment`, `mermaid_comment`,
 `html_comment`, `md_text`, `dot_id`) first `fold` the text, because comments, table
 cells and labels cannot hold a line break: every run of whitespace and
 non-printable characters becomes one space. Then each keeps the rest from ending
@@ -88,6 +88,32 @@ def sql_str(text: str) -> str:
 
 
 def sql_comment(text: str) -> str:
+    return fold(text)
+
+
+def ts_str(text: str) -> str:
+    """A double-quoted TypeScript (JavaScript) string literal equal to `text`: `\\` and
+    `"` backslash-escaped, and every character that is not printable (line breaks,
+    U+2028 and U+2029, which end a line in older engines, controls, lone surrogates)
+    written as a `\\u{...}` escape."""
+    if _PLAIN_ASCII.fullmatch(text):
+        return '"' + text + '"'
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(f"\\u{{{ord(ch):x}}}")
+    return '"' + "".join(out) + '"'
+
+
+def ts_comment(text: str) -> str:
+    """A `//` line comment's text: folded to one line (a TypeScript line comment also
+    ends at U+2028 and U+2029, which folding turns into spaces)."""
     return fold(text)
 
 
