@@ -37,9 +37,9 @@ from fsmc.templating import as_variables, render
 # Date`, and every timestamp field would have that type). A test reads the generated
 # files and holds this list to every capitalised name they use.
 RESERVED_CAMEL = frozenset(
-    {"Array", "BigInt", "Date", "Error", "JSON", "Map", "Number", "Object", "Promise",
-     "RangeError", "Readonly", "ReadonlyArray", "Record", "RegExp", "String", "TypeError",
-     "Uint8Array", "Buffer", "Set", "Boolean", "Math", "Symbol", "Function"}
+    {"Array", "Date", "Error", "Iterable", "JSON", "Map", "Number", "Object", "Omit", "Promise",
+     "RangeError", "Readonly", "ReadonlyMap", "Row", "Set", "Statements", "String",
+     "TypeError", "Uint8Array"}
 )  # fmt: skip
 # A property the row class cannot have: a class field named `constructor` is an error.
 RESERVED_FIELDS = frozenset({"constructor"})
