@@ -2,11 +2,13 @@
 
 The option adds `fsm_<machine>.ts` and `fsm_<machine>.test.ts` to a machine's folder
 and nothing else; without it those files are neither written, compared nor removed.
-One tsc process type-checks every example's module and suite under the strictest
-options (and a copy of the job machine's module with one table entry edited by hand);
-one node process runs the suites, their database half too when FSMC_PG_DSN is set
-(which races a Node claim against the Python module's on one table); the edited
-copy's suite must fail.
+One tsc process type-checks under the strictest options every example's module and
+suite, a copy of the job machine's module with one table entry edited by hand, and
+random machines whose every description is hostile text (issue 5's promise: without
+its comment lines the module is the one built with no descriptions at all). One node
+process runs the examples' suites, their database half too when FSMC_PG_DSN is set
+(which races a Node claim against the Python module's on one table); another runs the
+edited copy's, which must fail, and the hostile machines', which must pass.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from fsmc.targets import typescript
 from fsmc.validate import RESERVED_CAMEL
 from tests.conftest import GENERATED, ROOT
+from tests.harness import run_fsmc
+from tests.strategies import machines, to_yaml, without_descriptions
 from tests.typescript_tools import Compiled, Missing, compile_folders, node_test
 
 MACHINES = sorted(p.name for p in GENERATED.iterdir() if p.is_dir())
@@ -112,11 +117,49 @@ def test_the_reserved_class_names_cover_every_global_the_module_names() -> None:
 # --- tsc and node over the examples' generated files ------------------------------------------
 
 
+HOSTILE = 6  # machines with hostile descriptions
+
+
+def without_comments(source: str) -> str:
+    """A TypeScript file without its comment lines (`//` lines, `/** ... */` blocks)."""
+    source = re.sub(r"^\s*/\*\*.*?\*/\n", "", source, flags=re.S | re.M)
+    return "".join(line for line in source.splitlines(keepends=True) if not line.lstrip().startswith("//"))
+
+
+def hostile_folders(root: Path) -> dict[str, Path]:
+    """HOSTILE random machines with hostile text in every description, each built with
+    --typescript as written and without descriptions: the TypeScript of the two differs
+    in comment lines only. Their folders, by machine name."""
+    folders: dict[str, Path] = {}
+
+    @settings(suppress_health_check=list(HealthCheck), max_examples=HOSTILE, deadline=None)
+    @given(spec=machines())
+    def build(spec: dict[str, object]) -> None:
+        name = f"hostile{len(folders)}"
+        spec = {**spec, "machine": name}
+        texts = []
+        for kind, written in (("as_written", spec), ("plain", without_descriptions(spec))):
+            path = root / kind / f"{name}.yaml"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(to_yaml(written), encoding="utf-8")
+            ran = run_fsmc("build", path, "--out", root / kind / "out", "--typescript")
+            assert ran.code == 0, ran
+            folder = root / kind / "out" / name
+            texts.append([without_comments((folder / f).read_text()) for f in (f"fsm_{name}.ts", f"fsm_{name}.test.ts")])
+        assert texts[0] == texts[1], spec
+        folders[name] = root / "as_written" / "out" / name
+
+    build()
+    return folders
+
+
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
-    """Every example's folder, and `mutated_job`: the job machine's, its module's table
-    edited by hand (queued --claim--> running, not claimed), compiled by one tsc."""
+    """Every example's folder; `mutated_job`, the job machine's with its module's table
+    edited by hand (queued --claim--> running, not claimed); HOSTILE machines with
+    hostile text: compiled by one tsc."""
     root = tmp_path_factory.mktemp("typescript")
+    hostile = hostile_folders(root / "hostile")
     mutated = root / "mutated_job"
     shutil.copytree(GENERATED / "job", mutated)
     module = mutated / "fsm_job.ts"
@@ -124,7 +167,8 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
     assert edited != module.read_text()
     module.write_text(edited)
     try:
-        return compile_folders({**{m: GENERATED / m for m in MACHINES}, "mutated_job": mutated}, root / "build")
+        return compile_folders({**{m: GENERATED / m for m in MACHINES}, "mutated_job": mutated, **hostile},
+                               root / "build")  # fmt: skip
     except Missing as exc:
         pytest.fail(str(exc))
 
@@ -132,7 +176,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
 @pytest.mark.slow
 def test_tsc_passes_every_generated_file_under_the_strictest_options(compiled: Compiled) -> None:
     assert (compiled.code, compiled.output) == (0, "")
-    assert len(compiled.suites()) == len(MACHINES) + 1
+    assert len(compiled.suites()) == len(MACHINES) + 1 + HOSTILE
 
 
 @pytest.mark.slow
@@ -144,16 +188,18 @@ def test_every_generated_suite_passes_under_node(compiled: Compiled, request: py
         env = {"FSMC_PG_DSN": request.getfixturevalue("pg_dsn"), "FSMC_PYTHON": sys.executable}
     ran = node_test(compiled.suites(*MACHINES), env)
     assert ran.code == 0 and ran.count("fail") == 0, ran.output[-6000:]
-    assert ran.count("pass") >= 14 * len(MACHINES)
+    assert ran.count("pass") >= 12 * len(MACHINES)
     if env:
         assert ran.count("skipped") == 0, ran.output[-6000:]
         assert ran.output.count("ok ") and "Python claim racing" in ran.output
 
 
 @pytest.mark.slow
-def test_a_table_entry_edited_by_hand_fails_its_suite(compiled: Compiled) -> None:
-    ran = node_test(compiled.suites("mutated_job"))
-    assert ran.code != 0
-    failed = ran.failed()
-    assert "the tables are exactly the spec's, and read-only" in failed
-    assert "every declared transition" in failed
+def test_an_edited_table_fails_its_suite_and_hostile_text_changes_nothing(compiled: Compiled) -> None:
+    """The edited job module's suite fails where the table is checked; the hostile
+    machines' suites pass (their tables are their specs')."""
+    edited = node_test(compiled.suites("mutated_job"))
+    assert edited.code != 0
+    assert {"every declared transition", "the tables are exactly the spec's, and read-only"} <= set(edited.failed())
+    hostile = node_test(compiled.suites(*(f"hostile{i}" for i in range(HOSTILE))))
+    assert hostile.code == 0 and hostile.count("pass") >= 12 * HOSTILE, hostile.output[-6000:]
