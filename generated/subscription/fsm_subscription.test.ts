@@ -331,6 +331,7 @@ test("only its own event moves a count", () => {
 // subscription.sql into one scratch schema, dropped afterwards, and act as an application
 // role with exactly the README's grants.
 
+const SQL_TABLE = "subscriptions";
 // What an application role needs, and all it gets (`{schema}` and `{role}` stand for
 // the quoted names).
 const APP_GRANTS: readonly string[] = [
@@ -485,6 +486,32 @@ describe("the database", { skip: DSN === "" ? "set FSMC_PG_DSN to a PostgreSQL d
     const many = await fsm.createMany(d.app, given, { schema: d.schema });
     assert.deepEqual(many.map((r) => r.state), states.map((state, i) => (i % 2 === 0 ? state : INITIAL)));
     await assert.rejects(fsm.create(d.app, { ...born(), nonsense: 1 } as fsm.SubscriptionNew, { schema: d.schema }), TypeError);
+  });
+
+  test("a caller's temporary table named like the machine's changes nothing", async (t) => {
+    const d = ready(t);
+    if (d === null) return;
+    // Every statement names the schema: pg_temp, which PostgreSQL searches first for
+    // tables, holds a decoy row with the same id that no call reads or writes.
+    const made = await fsm.create(d.app, born(), { schema: d.schema });
+    await d.app.query(`CREATE TEMP TABLE ${SQL_TABLE} (LIKE "${d.schema}".${SQL_TABLE} INCLUDING DEFAULTS)`);
+    try {
+      await d.app.query(`SET search_path = "${d.schema}"`);
+      await d.app.query(`INSERT INTO pg_temp.${SQL_TABLE} (id, state, state_version) VALUES ($1, $2, 7)`,
+        [made.id, STATES[STATES.length - 1]]);
+      assert.deepEqual(await fsm.get(d.app, made.id, { schema: d.schema }), made);
+      const ways = moves(INITIAL).filter(([e]) => !TIMERS.has(`${INITIAL} ${e}`));
+      if (ways.length > 0) {
+        const [event, to] = ways[0] as [string, string | null, string];
+        assert.equal(await move(d, made.id, event, to, 0), 1);
+      }
+      await fsm.create(d.app, born(), { schema: d.schema });
+      const { rows } = await d.app.query(`SELECT state_version::pg_catalog.int4 AS v FROM pg_temp.${SQL_TABLE}`);
+      assert.deepEqual(rows, [{ v: 7 }]);
+    } finally {
+      await d.app.query(`DROP TABLE pg_temp.${SQL_TABLE}`);
+      await d.app.query("RESET search_path");
+    }
   });
 
   test("every transition moves its row, and every other pair is refused", async (t) => {
