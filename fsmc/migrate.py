@@ -247,8 +247,9 @@ def traded_names(renamed: Renames) -> list[str]:
 
 
 def mid_machine(old: Machine, new: Machine) -> Machine:
-    """OLD's machine under NEW's PostgreSQL names: what the database is once renamed."""
-    return dataclasses.replace(old, postgres=new.postgres)
+    """OLD's machine under NEW's PostgreSQL names: what the database is once renamed.
+    Its declared columns (1.2) are OLD's: they are what the table holds, not names."""
+    return dataclasses.replace(old, postgres=dataclasses.replace(new.postgres, columns=old.postgres.columns))
 
 
 # --- the plan ----------------------------------------------------------------------------
