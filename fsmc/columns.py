@@ -21,8 +21,12 @@ import json
 import keyword
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fsmc.escape import py_str, sql_str
+from fsmc.escape import py_str, sql_line_str
+
+if TYPE_CHECKING:
+    from fsmc.model import DeclaredColumn
 
 
 @dataclass(frozen=True)
@@ -128,14 +132,24 @@ def null_problem(nullable: bool, has_default: bool) -> str | None:
 
 
 def sql_default(kind: ColumnType, value: object) -> str:
-    """The SQL expression of a default `default_problem` accepts."""
+    """The SQL expression of a default `default_problem` accepts: on one printable line
+    (`sql_line_str`), since `fsmc diff` and a migration's header show it."""
     if kind.default_kind == "bool":
         return "true" if value else "false"
     if kind.default_kind in ("int", "number"):
         return repr(value) if isinstance(value, float) else str(value)
     if kind.default_kind == "json":
-        return sql_str(json.dumps(value, sort_keys=True, ensure_ascii=False)) + "::jsonb"
-    return sql_str(str(value))
+        return sql_line_str(json.dumps(value, sort_keys=True, ensure_ascii=False)) + "::jsonb"
+    return sql_line_str(str(value))
+
+
+def sql_parts(column: DeclaredColumn) -> tuple[str, bool, str | None]:
+    """A declared column (of a type `TYPES` has) as its table declares it: its SQL type,
+    whether it is NOT NULL, and its default's SQL expression (None: none). What the
+    build creates, the digest records and `fsmc diff` compares, so the three agree on
+    when two declarations are one."""
+    kind = TYPES[column.type]
+    return kind.sql, not column.nullable, sql_default(kind, column.default) if column.has_default else None
 
 
 def python_default(kind: ColumnType, value: object) -> str:

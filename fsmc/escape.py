@@ -1,6 +1,6 @@
 """Escape: one function per target language for every value that reaches generated code.
 
-Two kinds. The literal and identifier functions (`py_str`, `ts_str`, `sql_str`,
+Two kinds. The literal and identifier functions (`py_str`, `ts_str`, `sql_str`, `sql_line_str`,
 `sql_text_array`, `sql_ident`) return text whose meaning in the target is exactly
 the input, whatever it holds: quotes, backslashes, newlines, `*/`, `--`, `$$`,
 `{{ }}`, `%%`, non-ASCII. The SQL ones raise ValueError for what PostgreSQL cannot
@@ -85,6 +85,39 @@ def sql_str(text: str) -> str:
     if "\\" in text:
         return "E'" + quoted.replace("\\", "\\\\") + "'"
     return "'" + quoted + "'"
+
+
+_SQL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}  # as an E'...' literal reads them
+
+
+def sql_line_str(text: str) -> str:
+    """A SQL string literal equal to `text` on one line of printable characters: `sql_str`'s
+    where `text` is printable, otherwise an E'...' literal writing each non-printable
+    character as an escape (`\\n`, `\\x1b`, `\\u202e`). For a value shown in a
+    line of its own (a declared column's default, which `fsmc diff` and a migration
+    script's header print), so that it can end no line and drive no terminal."""
+    if text.isprintable():
+        return sql_str(text)
+    if "\x00" in text:
+        raise ValueError("PostgreSQL text cannot hold NUL")  # the schema stage refuses NUL
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch == "'":
+            out.append("''")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        elif ch in _SQL_ESCAPES:
+            out.append(_SQL_ESCAPES[ch])
+        elif code < 0x80:  # \xHH is a byte: for ASCII only
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "E'" + "".join(out) + "'"
 
 
 def sql_comment(text: str) -> str:

@@ -559,9 +559,9 @@ def claim_key(m: Machine) -> list[str]:
 
 
 def declared_column(column: DeclaredColumn) -> Column:
-    kind = columns.TYPES[column.type]
-    default = columns.sql_default(kind, column.default) if column.has_default else None
-    return Column(str(column.name), kind.sql, not_null=not column.nullable, default=default)
+    """A column of the row's own data (1.2), as `fsmc.columns` declares it."""
+    sql_type, not_null, default = columns.sql_parts(column)
+    return Column(str(column.name), sql_type, not_null=not_null, default=default)
 
 
 def timing_context(m: Machine) -> TimingContext | None:

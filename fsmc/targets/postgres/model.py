@@ -47,7 +47,12 @@ class Column:
 
     @property
     def definition(self) -> str:
-        parts = [self.name, self.type]
+        return f"{self.name} {self.declaration}"
+
+    @property
+    def declaration(self) -> str:
+        """What follows the column's name: `smallint NOT NULL DEFAULT 0`."""
+        parts = [self.type]
         if self.not_null:
             parts.append("NOT NULL")
         if self.default is not None:
