@@ -54,6 +54,27 @@ TYPES: dict[str, ColumnType] = {
     "bytea": ColumnType("bytea", "pg_catalog.bytea", "bytes", None),
 }
 
+# The types a column's values may be given in place: what `ALTER COLUMN ... TYPE new
+# USING column::new` can do, PostgreSQL's explicit casts among these types (text takes
+# any other through its input function, and any other gives text; a test holds this
+# table to the server's). `fsmc migrate` refuses any other change of type: the script
+# could only fail.
+_NUMBERS = frozenset({"smallint", "integer", "bigint", "double precision", "numeric"})
+CONVERTS: dict[str, frozenset[str]] = {
+    "text": frozenset(TYPES) - {"text"},
+    "jsonb": _NUMBERS | {"text", "boolean"},
+    "boolean": frozenset({"text", "integer"}),
+    "smallint": _NUMBERS - {"smallint"} | {"text"},
+    "integer": _NUMBERS - {"integer"} | {"text", "boolean"},
+    "bigint": _NUMBERS - {"bigint"} | {"text"},
+    "double precision": _NUMBERS - {"double precision"} | {"text"},
+    "numeric": _NUMBERS - {"numeric"} | {"text"},
+    "timestamptz": frozenset({"text", "date"}),
+    "date": frozenset({"text", "timestamptz"}),
+    "uuid": frozenset({"text"}),
+    "bytea": frozenset({"text"}),
+}
+
 # Names a declared column cannot take, whatever the spec: the columns fsmc owns (some
 # only with a lease, caps or timers, which a later release of the spec may add), the
 # parameters of the generated functions (PL/pgSQL resolves a name clash in queries over

@@ -22,7 +22,8 @@ Contract of this module:
   between the databases they build (`comment` excepted: it documents the file).
 - Adding to the model: a column, a constraint, a function (or a parameter of one)
   or a view is one more value in the builder; the file renders it and `migrate`
-  adds, changes or drops it without further teaching (a changed column type, a
+  adds, changes or drops it without further teaching (a column's type, default and
+  NOT NULL may change, which 1.2's declared columns ask for; a changed identity, a
   changed non-CHECK constraint and a dropped table are refused as bugs of ours
   until a spec can ask for one).
 """
