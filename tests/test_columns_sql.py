@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from fsmc.columns import CONVERTS, TYPES
 from fsmc.pipeline import check
 from fsmc.source import Source
 from tests.harness import explained, refused, sqlstate_of
@@ -243,3 +244,21 @@ def test_claim_by_queue_takes_that_queues_lowest_priority_first_through_an_index
             assert all(index in p and "Seq Scan on queue_jobs" not in p for p in picking), picking
     finally:
         db.drop()
+
+
+def test_the_changes_of_type_migrate_scripts_are_the_casts_postgresql_has(pg_dsn: str) -> None:
+    # `fsmc.columns.CONVERTS`: `fsmc migrate` casts a column's values in place (USING
+    # column::type) for these pairs, and refuses every other, for which PostgreSQL has no cast.
+    assert set(CONVERTS) == set(TYPES) and all(to <= set(TYPES) - {was} for was, to in CONVERTS.items())
+    found: dict[str, set[str]] = {was: set() for was in TYPES}
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for was in TYPES:
+            for to in TYPES:
+                if was == to:
+                    continue
+                try:
+                    conn.execute(f"SELECT NULL::{was}::{to}".encode())
+                except psycopg.errors.CannotCoerce:
+                    continue
+                found[was].add(to)
+    assert found == {was: set(to) for was, to in CONVERTS.items()}
