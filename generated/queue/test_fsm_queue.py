@@ -1155,3 +1155,44 @@ def _race_into(db: Database, state: str, room: int) -> None:
     for racer in racers:
         racer.join(30)
     assert sorted(outcomes) == sorted(["moved"] * freed + ["refused"] * (RACERS - freed))
+
+
+# 1.2: the row's own data, as the spec declares it: column -> (its default, None for
+# NULL; a value of its type to give it, not its default).
+COLUMNS: dict[str, tuple[typing.Any, typing.Any]] = {
+    "args": (None, {'args': [7, 'two', None]}),
+    "kind": ("default", "kind é"),
+    "queue": ("default", "queue é"),
+    "priority": (0, 10),
+}
+
+
+def test_db_create_gives_each_column_its_default_or_the_value_given(db: Database) -> None:
+    defaults = {c: default for c, (default, _given) in COLUMNS.items()}
+    given = {c: value for c, (_default, value) in COLUMNS.items()}
+    sql = f"SELECT {', '.join(COLUMNS)} FROM {SQL_TABLE} WHERE id = %s"
+    with db.application() as app:
+        plain = fsm.create(app, schema=db.schema)
+        assert {c: getattr(plain, c) for c in COLUMNS} == defaults
+        assert app.execute(sql, (plain.id,)).fetchone() == tuple(defaults.values())
+        made = fsm.create(app, schema=db.schema, **given)
+        assert {c: getattr(made, c) for c in COLUMNS} == given
+        assert app.execute(sql, (made.id,)).fetchone() == tuple(given.values())
+        assert fsm.get(app, made.id, schema=db.schema) == made
+        app.rollback()
+
+
+@pytest.mark.skipif(not _moves(INITIAL), reason="nothing leaves the initial state")
+def test_db_a_claimed_row_carries_its_data(db: Database) -> None:
+    event, to, _target = _moves(INITIAL)[0]
+    given = {c: value for c, (_default, value) in COLUMNS.items()}
+    with db.application() as app:
+        row_id = fsm.create(app, schema=db.schema, **given).id
+        app.commit()
+    with db.connect() as conn:
+        _make_due(conn, row_id)
+        conn.commit()
+        # Every row waiting there is taken (in this transaction, rolled back): this one too.
+        taken = {row.id: row for row in fsm.claim(conn, event, actor="test", limit=10_000, to=to, schema=db.schema)}
+        assert {c: getattr(taken[row_id], c) for c in COLUMNS} == given
+        conn.rollback()
