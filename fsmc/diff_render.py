@@ -22,7 +22,8 @@ NOT NULL DEFAULT 0)`; in JSON they are options like the others); JSON
 keys them by kind, in the same order within each list. Every format is
 deterministic. Names and option values are safe anywhere (state and event names
 match `^[a-z][a-z0-9_]*$`, table names `^[a-z_][a-z0-9_]*$`, id types come from a
-fixed set); descriptions are free text, so each reaches output through one
+fixed set, a declared column's default is a SQL literal on one printable line,
+`escape.sql_line_str`; Markdown still escapes its quotes and backslashes); descriptions are free text, so each reaches output through one
 escaper: a Python string literal in text (a spec cannot send escape sequences to a
 terminal), `md_text` in Markdown, JSON strings in JSON. Nothing here prints.
 """
