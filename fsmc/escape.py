@@ -59,14 +59,19 @@ def py_str(text: str) -> str:
         elif ch.isprintable():
             out.append(ch)
         else:
-            code = ord(ch)
-            if code < 0x100:
-                out.append(f"\\x{code:02x}")
-            elif code < 0x10000:
-                out.append(f"\\u{code:04x}")
-            else:
-                out.append(f"\\U{code:08x}")
+            out.append(_code_escape(ch, 0x100))
     return '"' + "".join(out) + '"'
+
+
+def _code_escape(ch: str, x_below: int) -> str:
+    """`ch` as the escape of its code point that a Python literal and PostgreSQL's
+    E'...' both read: `\\xHH` below `x_below`, otherwise `\\uXXXX` or `\\UXXXXXXXX`."""
+    code = ord(ch)
+    if code < x_below:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
 
 
 def py_comment(text: str) -> str:
@@ -102,21 +107,14 @@ def sql_line_str(text: str) -> str:
         raise ValueError("PostgreSQL text cannot hold NUL")  # the schema stage refuses NUL
     out = []
     for ch in text:
-        code = ord(ch)
         if ch == "'":
             out.append("''")
         elif ch == "\\":
             out.append("\\\\")
         elif ch.isprintable():
             out.append(ch)
-        elif ch in _SQL_ESCAPES:
-            out.append(_SQL_ESCAPES[ch])
-        elif code < 0x80:  # \xHH is a byte: for ASCII only
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
+        else:  # \xHH is a byte there: for ASCII only
+            out.append(_SQL_ESCAPES.get(ch) or _code_escape(ch, 0x80))
     return "E'" + "".join(out) + "'"
 
 

@@ -186,7 +186,7 @@ def test_a_cancel_without_a_version_races_a_worker(queue: tuple[Scratch, ModuleT
 
 
 # specs/job.yaml with a column of each type a spec may give one.
-EVERY_TYPE = (Path(__file__).parent.parent / "specs" / "job.yaml").read_text(encoding="utf-8") + """  columns:
+EVERY_TYPE = (Path(__file__).parent.parent / "specs" / "job.yaml").read_text(encoding="utf-8") + r"""  columns:
     born: date
     parent: uuid
     blob: bytea
@@ -195,7 +195,8 @@ EVERY_TYPE = (Path(__file__).parent.parent / "specs" / "job.yaml").read_text(enc
     urgent: {type: boolean, default: false}
     run_after: timestamptz
     options: {type: jsonb, default: {retries: [1, 2]}}
-    note: {type: text, default: "note é"}
+    note: {type: text, default: "note é\n\t'\\\e[31m\u202e\U0001F600\x7f\r"}
+    tags: {type: jsonb, default: {"a\nb": ["\e", "'"]}}
     rank: {type: bigint, default: 7, nullable: true}
     size: integer
     level: {type: smallint, default: -8}
@@ -289,7 +290,9 @@ def test_the_generated_suite_round_trips_a_column_of_every_type(pg_dsn: str, tmp
         (tmp_path / path).write_text(text, encoding="utf-8")
     [folder] = {p.parent for p in tmp_path.rglob("test_*.py")}
     suite = next(folder.glob("test_*.py")).read_text(encoding="utf-8")
-    assert "\nimport decimal\n" in suite and '"level": (-8, 18),' in suite and '"note": ("note é", "note ü"),' in suite
+    assert "\nimport decimal\n" in suite and '"level": (-8, 19),' in suite
+    # A default of any text is one Python literal, which escapes what is not printable.
+    assert '"note": ("note é\\x0a\\x09\'\\\\\\x1b[31m\\u202e😀\\x7f\\x0d", "note é"),' in suite
     done = run_pytest(folder, "-k", "column or claimed_row", cwd=folder, dsn=pg_dsn)
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout + done.stderr
     linted = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "."], cwd=folder,
