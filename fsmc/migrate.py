@@ -125,7 +125,10 @@ Cost and locks: the whole script holds ACCESS EXCLUSIVE locks on both tables, an
 each replaced CHECK scans its table (VALIDATE, inside this one transaction, buys no
 lighter lock); a new index scans the table. Adding or dropping columns rewrites
 nothing; a column of another type rewrites the table (a smallint widened to an
-integer too), and SET NOT NULL scans it.
+integer too), and a column made NOT NULL costs one UPDATE of the rows where it (or
+another made so with it) is NULL, then a scan (measured, 100,000 jobs rows all NULL:
+2.2 s, against 0.6 s for a rewrite by a change of type; the UPDATE writes each row
+and its index entries anew).
 
 Declared columns (1.2). A column added is added with its default (a NOT NULL one
 fills every row, without a rewrite), one removed is dropped with its data at the
