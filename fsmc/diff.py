@@ -132,7 +132,9 @@ class Option:
     could still fire the event no longer can), raised or removed is not. A declared
     column (`postgres.columns.<name>`) follows `_column_options`. Every other
     option change is breaking: a table or id type that code and rows rely on moves,
-    or the heartbeat and reclaim contract changes."""
+    the heartbeat and reclaim contract changes, or (1.2's `postgres.claim.order`)
+    which rows a claim takes first; columns added to `postgres.claim.by` alone are
+    compatible (claim() takes more keywords, each None unless given)."""
 
     name: str  # lease.states, lease.reclaim, postgres.table, postgres.columns.args, caps.retry, ...
     old: str | int | None
@@ -398,6 +400,10 @@ def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
         "postgres.id_type": (m.postgres.id_type,) * 2,
         # 1.2: the schema the module names by default (its callers' calls move with it)
         "postgres.schema": (str(m.postgres.schema),) * 2,
+        # 1.2: the columns a claim may be limited to (as listed: they key its index) and
+        # the one it takes the lowest of first
+        "postgres.claim.by": (", ".join(m.postgres.claim_by) or None,) * 2,
+        "postgres.claim.order": (None if m.postgres.claim_order is None else str(m.postgres.claim_order),) * 2,
     }
     return out
 
@@ -406,10 +412,11 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
     before, after = _option_values(old), _option_values(new)
     gained_lease = old.lease is None and new.lease is not None
     options = [
-        Option(name, before[name][0], shown, not (gained_lease and name.startswith("lease.")))
+        Option(name, before[name][0], shown, not (gained_lease and name.startswith("lease.")) and
+               not (name == "postgres.claim.by" and _more_by(old, new)))
         for name, (shown, key) in after.items()
         if before[name][1] != key
-    ]
+    ]  # fmt: skip
     options += _set_options(old, new)
     old_caps, new_caps = old.cap_limits, new.cap_limits
     for event in dict.fromkeys([*new_caps, *old_caps]):
@@ -426,6 +433,12 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
             # Added or lowered: moves (and inserts) that passed may now be refused.
             options.append(Option(f"limits.{state}", had, has, has is not None and (had is None or has < had)))
     return tuple(options)
+
+
+def _more_by(old: Machine, new: Machine) -> bool:
+    """Whether NEW's claim may be limited to every column OLD's could, and more: a
+    column dropped from `claim.by` breaks the callers that pass it."""
+    return set(old.postgres.claim_by) <= set(new.postgres.claim_by)
 
 
 def _cap(m: Machine, event: str) -> tuple[int, int] | None:

@@ -5,8 +5,9 @@ exactly the facts the generated schema is built from: the machine's name, its
 states, events, terminals, initial state, transitions, lease (states and reclaim
 event), caps (language 1.1; absent when there are none), the further initial states
 and the purgeable states, the caps per row, the otherwise and reset of each transition,
-the limits, the declared columns by name, each as its table declares it (language
-1.2; each absent unless the spec uses it) and PostgreSQL options (table, events
+the limits, the declared columns by name, each as its table declares it, and
+what a claim may be limited to and ordered by (language 1.2; each absent unless the
+spec uses it) and PostgreSQL options (table, events
 table, id type, defaults resolved).
 Descriptions, comments, key order, list order, YAML style and `from:` lists versus
 one transition per source leave it unchanged; any change to one of those facts
@@ -86,6 +87,10 @@ def canonical(machine: Machine) -> str:
     if m.postgres.columns:
         # By name: their order changes no statement (the module names what it reads).
         facts["columns"] = {str(c.name): list(sql_parts(c)) for c in m.postgres.columns}
+    if m.postgres.claim_by or m.postgres.claim_order is not None:
+        # In order: the claim index is keyed on the `by` columns as listed.
+        order = m.postgres.claim_order
+        facts["claim"] = {"by": [str(c) for c in m.postgres.claim_by], "order": None if order is None else str(order)}
     return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

@@ -276,8 +276,10 @@ def traded_names(renamed: Renames) -> list[str]:
 
 def mid_machine(old: Machine, new: Machine) -> Machine:
     """OLD's machine under NEW's PostgreSQL names: what the database is once renamed.
-    Its declared columns (1.2) are OLD's: they are what the table holds, not names."""
-    return dataclasses.replace(old, postgres=dataclasses.replace(new.postgres, columns=old.postgres.columns))
+    Only the names are NEW's: every other postgres option (1.2's declared columns, what
+    a claim may be limited to and ordered by) is OLD's, what the database holds."""
+    p = new.postgres
+    return dataclasses.replace(old, postgres=dataclasses.replace(old.postgres, table=p.table, events_table=p.events_table))
 
 
 # --- the plan ----------------------------------------------------------------------------

@@ -69,6 +69,9 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     # default changed or NULL allowed does not; a column moved is no change.
     "columns": (1, True, {"options"}),
     "columns_added": (1, False, {"options"}),
+    # 1.2's claim: a column a claim may be limited to added (compatible), an order
+    # where claims took the oldest first (breaking).
+    "claim": (1, True, {"options"}),
     "mermaid_keywords": (
         1,
         True,
@@ -607,3 +610,12 @@ def test_a_default_cannot_break_a_line_or_drive_a_terminal(fsmc, tmp_path) -> No
     assert "\x1b" not in script and "\nDROP TABLE jobs" not in script
     assert "ADD COLUMN queue text NOT NULL DEFAULT E'a''b\\\\\\nDROP TABLE jobs; --\\x1b[31m\\u202e';" in script
     assert all(line.startswith("--") for line in script.partition("\nBEGIN;\n")[0].splitlines() if line)
+
+
+def test_a_claim_limited_to_more_columns_is_compatible_one_limited_to_fewer_or_reordered_is_not() -> None:
+    found = {o.name: (o.old, o.new, o.breaking) for o in changes_of("claim").options}
+    assert found == {"postgres.claim.by": ("queue", "queue, kind", False),
+                     "postgres.claim.order": (None, "priority", True)}  # fmt: skip
+    old, new = machine(CASES / "claim" / "old.yaml"), machine(CASES / "claim" / "new.yaml")
+    assert {o.name: o.breaking for o in compare(new, old).options} == {
+        "postgres.claim.by": True, "postgres.claim.order": True}  # fmt: skip

@@ -218,6 +218,7 @@ MIGRATING = [
     "reordered_and_changed", "initials_and_purgeable", "budgets", "timed",
     "limits_added", "limits_changed", "limits_removed",
     "columns_added", "columns_removed", "column_retyped", "column_defaults_changed", "column_made_not_null",
+    "claim_changed",
 ]  # fmt: skip
 
 
@@ -315,6 +316,8 @@ def test_the_cases_cover_what_migrate_must_handle() -> None:
                                     ("label", False, False, False), ("owner", False, False, False)},
         "column_made_not_null": {("note", False, False, True), ("attempts", False, False, True)},
     }  # fmt: skip
+    assert {(o.name, o.new) for o in changes("claim_changed").options} == {
+        ("postgres.claim.by", "queue"), ("postgres.claim.order", "priority")}  # fmt: skip
     for case in MIGRATING:
         assert migrate(spec(case, "old"), spec(case, "new")), case
 
