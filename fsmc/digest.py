@@ -8,7 +8,7 @@ and the purgeable states, the caps per row, the otherwise and reset of each tran
 the limits, the declared columns by name, each as its table declares it, and
 what a claim may be limited to and ordered by (language 1.2; each absent unless the
 spec uses it) and PostgreSQL options (table, events
-table, id type, defaults resolved).
+table, id type, defaults resolved; 1.2's `writer_role` only when false).
 Descriptions, comments, key order, list order, YAML style and `from:` lists versus
 one transition per source leave it unchanged; any change to one of those facts
 changes it. Sets are sorted, since no order among states, events or transitions
@@ -91,6 +91,10 @@ def canonical(machine: Machine) -> str:
         # In order: the claim index is keyed on the `by` columns as listed.
         order = m.postgres.claim_order
         facts["claim"] = {"by": [str(c) for c in m.postgres.claim_by], "order": None if order is None else str(order)}
+    if not m.postgres.writer_role:
+        # Every write checked, no writer role: another database, which `fsmc migrate`
+        # must not take for one built with a writer (absent otherwise, so digests stay).
+        facts["writer_role"] = False
     return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

@@ -173,6 +173,9 @@ class Postgres:
     # it takes the lowest of first (then the oldest). As written: `validate` checks them.
     claim_by: tuple[Text, ...] = ()
     claim_order: Text | None = None
+    # 1.2's `writer_role: false`: no writer role, so every write is checked, the
+    # functions' own included (for hosts where nobody can create a role).
+    writer_role: bool = True
 
 
 @dataclass(frozen=True)
@@ -524,7 +527,8 @@ def _postgres(value: Any, machine: Text) -> Postgres:
     claim = claim if isinstance(claim, Mapping) else Mapping((1, 1))
     return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid", given,
                     schema if schema is not None else "public", _columns(options.get("columns")),
-                    _names(claim.get("by")), _name(claim.get("order")))  # fmt: skip
+                    _names(claim.get("by")), _name(claim.get("order")),
+                    options.get("writer_role") is not False)  # fmt: skip
 
 
 def _columns(value: Any) -> tuple[DeclaredColumn, ...]:

@@ -124,6 +124,7 @@ from fsmc.targets.postgres.encode import (
     change_sql,
     claim_assignments,
     claim_values,
+    claims_settled,
     joined,
     moves_jsonb,
     short_hash,
@@ -175,6 +176,7 @@ class LeaseContext:
     moves: list[tuple[str, str, str]]  # (lease state, target, change) of the reclaim event
     guard_change: str  # the lease change (`facts.Change`) of a direct move from OLD.state to NEW.state
     guard_claims: list[tuple[str, str]]  # the guard's claim columns and their values (`claim_values`)
+    settled: str  # NEW's claim columns already hold what the lease rule leaves (`claims_settled`)
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,9 @@ class BodyContext:
     timing: TimingContext | None  # 1.2: the timed transitions (`after`), or None
     digest: str  # the machine's digest, which a body checks is still the schema's
     limits: LimitsContext | None  # 1.2: with `limits`
+    # 1.2's `postgres.writer_role`: false, the guard sees the functions' moves too, and
+    # leaves what they stamped as it is.
+    writer_role: bool
 
 
 @dataclass(frozen=True)
@@ -446,7 +451,7 @@ def build(machine: Machine) -> Build:
         Parameter("to_state", "text", "NULL"),
         *((Parameter("due_at", "timestamptz", "NULL"),) if c.timing and c.timing.given else ()),
         returns="bigint", body=body("apply"), attributes=_WRITER, settings=_SEQSCAN_OFF,
-        comment=comments.WRITER_FUNCTIONS,
+        comment=comments.WRITER_FUNCTIONS if m.postgres.writer_role else comments.CHECKED_FUNCTIONS,
     )  # fmt: skip
     if m.lease is not None:
         function(names.heartbeat, Parameter("id", id_type), Parameter("expected_version", "bigint"),
@@ -499,15 +504,17 @@ def build(machine: Machine) -> Build:
     if c.timing is not None:
         # A row born in a timed state gets its due time here (and nowhere else one).
         born_elsewhere += " OR " + c.timing.in_timed.replace("t.state", "NEW.state") + " OR NEW.due_at IS NOT NULL"
+    # Without a writer role (1.2's `postgres.writer_role: false`) they skip no one.
+    writer = n.writer if m.postgres.writer_role else None
     triggers: tuple[Trigger, ...] = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
         Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
-                comment=comments.GUARD_UPDATE_BEFORE if c.caps else comments.GUARD_UPDATE_AFTER,
-                writer=n.writer),  # fmt: skip
+                comment=comments.guard_update(before=bool(c.caps), writer_role=m.postgres.writer_role),
+                writer=writer),  # fmt: skip
         Trigger(n.logged_check, n.table, "AFTER", _STATE_MOVED, n.check_logged,
-                deferred=True, comment=comments.CHECK_LOGGED, writer=n.writer),  # fmt: skip
+                deferred=True, comment=comments.CHECK_LOGGED, writer=writer),  # fmt: skip
         Trigger(n.check_event, n.events_table, "AFTER", "INSERT", n.check_event, deferred=True,
-                writer=n.writer),  # fmt: skip
+                writer=writer),  # fmt: skip
         Trigger(n.guard_delete, n.table, "BEFORE", "DELETE", n.guard_delete),
         Trigger(n.guard_delete_truncate, n.table, "BEFORE", "TRUNCATE", n.guard_delete, for_each="STATEMENT"),
         Trigger(n.append_only, n.events_table, "BEFORE", "UPDATE OR DELETE", n.append_only),
@@ -527,7 +534,7 @@ def build(machine: Machine) -> Build:
             Trigger(n.limits_truncate, n.table, "AFTER", "TRUNCATE", n.count_limits, for_each="STATEMENT"),
         )
     schema = Schema(tables, indexes, tuple(f for _, f in functions), triggers, views, domains)
-    every = (*dict.fromkeys(raw for raw, _ in functions), names.writer)
+    every = (*dict.fromkeys(raw for raw, _ in functions), *([names.writer] if m.postgres.writer_role else []))
     return Build(
         machine=m,
         names=names,
@@ -675,6 +682,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
             guard_change=change_sql("OLD.state", "NEW.state", held),
             # BEFORE (with caps) the guard assigns NEW's fields; AFTER it updates the row.
             guard_claims=claim_values("v_lease", "SESSION_USER::pg_catalog.text", "OLD" if m.cap_limits else "t"),
+            settled=claims_settled("v_lease", "NEW"),
         )
     return BodyContext(
         machine=str(m.name),
@@ -715,6 +723,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         timing=timing_context(m),
         digest=machine_digest(m),
         limits=limits_context(m),
+        writer_role=m.postgres.writer_role,
         caps=[
             CapContext(
                 event=event,
