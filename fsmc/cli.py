@@ -351,12 +351,19 @@ def _roles(args: argparse.Namespace) -> int:
     schema = args.schema or m.postgres.schema
     writer, owner = sql_ident(writer_role(str(m.name), args.database, schema)), sql_ident(args.owner)
     sql_file = Paths.of(m).sql.rsplit("/", 1)[-1]
+    if m.postgres.writer_role:
+        administrator = [
+            "-- 1. An administrator, before the install (an owner that may create roles does this itself):",
+            f"CREATE ROLE {writer} NOLOGIN;",
+            f"GRANT {writer} TO {owner};",
+        ]
+    else:
+        administrator = ["-- 1. Nothing: postgres.writer_role is false, so no role is made or needed"
+                         " (every write is checked)."]  # fmt: skip
     # The names the user gave reach the comments escaped (a line break would end one).
     lines = [
         f"-- The {m.name} machine in schema {sql_comment(schema)} of database {sql_comment(args.database)}: its roles.",
-        "-- 1. An administrator, before the install (an owner that may create roles does this itself):",
-        f"CREATE ROLE {writer} NOLOGIN;",
-        f"GRANT {writer} TO {owner};",
+        *administrator,
         f"-- 2. {sql_comment(args.owner)} installs it: PGOPTIONS='-c search_path={sql_comment(schema)}'"
         f" psql -v ON_ERROR_STOP=1 -1 -f {sql_file}",
         f"-- 3. {sql_comment(args.owner)} grants the application's role what it needs, and nothing more:",

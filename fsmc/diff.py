@@ -404,6 +404,8 @@ def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
         # the one it takes the lowest of first
         "postgres.claim.by": (", ".join(m.postgres.claim_by) or None,) * 2,
         "postgres.claim.order": (None if m.postgres.claim_order is None else str(m.postgres.claim_order),) * 2,
+        # 1.2: a writer role or none: another installation, which `fsmc migrate` refuses
+        "postgres.writer_role": (str(m.postgres.writer_role).lower(),) * 2,
     }
     return out
 

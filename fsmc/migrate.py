@@ -97,8 +97,9 @@ cleared, as a move out of the lease would. Refused (`Unsupported`): a renamed
 machine (a new machine: new module, functions, tables), a changed `id_type` (it
 would rewrite both tables under an exclusive lock and change the signature of
 every function taking an id, breaking their callers and grants: do it by hand),
-and names that trade places (the table taking the old events table's name, ...:
-rename in two releases).
+1.2's `postgres.writer_role` changed (the functions' owner, three triggers and the
+roles would change: it needs a fresh install), and names that trade places (the
+table taking the old events table's name, ...: rename in two releases).
 
 Renaming a state, safely. A state cannot be renamed in place: the rows' log says
 they entered the old name, an UPDATE to the new name has no edge and no event row
@@ -259,6 +260,14 @@ def refusals(old: Machine, new: Machine) -> list[str]:
                 "has no cast from one to the other, so the migration could only fail; add a column of "
                 "the new type (fill it from the old one yourself), and drop the old one in a later release"
             )
+    if old.postgres.writer_role != new.postgres.writer_role:
+        out.append(
+            f"postgres.writer_role changes from {str(old.postgres.writer_role).lower()} to "
+            f"{str(new.postgres.writer_role).lower()}: fsmc migrate does not move an installation "
+            "between a writer role and none (the functions' owner, three triggers and the roles "
+            "would change): it needs a fresh install of NEW's .sql, in a new schema; or keep the "
+            "setting"
+        )
     return out
 
 
