@@ -53,7 +53,10 @@ What the file builds, and why it is shaped so:
   naming it as a text literal in their WHEN clauses (`CURRENT_USER <> 'role'::text`:
   a `name` constant would be 64 bytes to parse per statement). Those writes keep to the spec by
   construction; everyone else's still get every check. No application can become
-  the role, and EXECUTE on these functions is granted, not PUBLIC's.
+  the role, and EXECUTE on these functions is granted, not PUBLIC's. Without one
+  (1.2's `postgres.writer_role: false`, for hosts where nobody can create a role) the
+  functions stay the installer's and the triggers skip no one: the functions' moves
+  are checked too, and the update guard leaves what they stamped as they wrote it.
 - With `lease`: the claim bookkeeping is part of that same UPDATE; the partial index
   for reclaim is keyed on `state` over the lease states only, so a heartbeat (which
   changes only `heartbeat_at`) touches no indexed column and stays a HOT update; the
