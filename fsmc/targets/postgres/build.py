@@ -312,6 +312,7 @@ class SuiteContext:
     lease: bool
     grants: list[str]  # `app_grants`, with `{schema}` and `{role}` for the quoted names
     limits_table: str  # 1.2: the limits' slots ("" without limits)
+    writer_role: bool  # 1.2's `postgres.writer_role`: false, no writer role (nor its name function) to drop
 
 
 # --- the build -------------------------------------------------------------------------
@@ -786,6 +787,7 @@ def suite_context(b: Build) -> SuiteContext:
         lease=b.machine.lease is not None,
         grants=list(b.install.grants),
         limits_table=n.limits if b.machine.state_limits else "",
+        writer_role=b.machine.postgres.writer_role,
     )
 
 
