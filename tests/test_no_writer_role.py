@@ -19,13 +19,15 @@ fixtures take `pg_scratch.installs`); here, what is the mode's own:
 - releases: `fsmc migrate` between two such specs works as the same owner, between
   the modes it refuses (exit 2), and `fsmc diff` calls the change breaking;
   `fsmc roles` prints no role to make;
-- every example spec's generated suite passes, database half included, built so.
+- every example spec's generated suites pass, pytest's and node's, database half
+  included, built so.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from tests import migrating as tm
 from tests.conftest import SPECS
 from tests.harness import refused, run_pytest, sqlstate_of
 from tests.pg_scratch import Scratch, machine_from_text, machine_of, without_writer_role, writer_of
+from tests.typescript_tools import Missing, compile_folders, node_test
 
 # Every spec in specs/, as a user would write it with the key.
 EXAMPLES = sorted(p.stem for p in SPECS.glob("*.yaml"))
@@ -265,17 +268,39 @@ def test_writer_role_takes_a_boolean_only(fsmc: Any, tmp_path: Path) -> None:
 # --- the generated suites ----------------------------------------------------------------
 
 
-def test_every_examples_generated_suite_passes_without_a_writer_role(pg_dsn: str, tmp_path: Path) -> None:
-    # One pytest process for all of them, as tests/test_generated_code.py runs the
-    # generated/ ones; each built as if its spec said `writer_role: false`.
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every example built with --typescript as if its spec said `writer_role: false`."""
+    root = tmp_path_factory.mktemp("no_writer_examples")
     for name in EXAMPLES:
-        for path, text in generate(without_writer_role(machine_of(name))).files.items():
-            target = tmp_path / path
+        for path, text in generate(without_writer_role(machine_of(name)), typescript=True).files.items():
+            target = root / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
-        assert "_fsmc_writer" not in (tmp_path / name / f"{name}.sql").read_text(encoding="utf-8")
-    done = run_pytest(*EXAMPLES, "-rps", cwd=tmp_path, dsn=pg_dsn)
+        assert "_fsmc_writer" not in (root / name / f"{name}.sql").read_text(encoding="utf-8")
+    return root
+
+
+def test_every_examples_generated_suite_passes_without_a_writer_role(pg_dsn: str, examples: Path) -> None:
+    # One pytest process for all of them, as tests/test_generated_code.py runs the
+    # generated/ ones.
+    done = run_pytest(*EXAMPLES, "-rps", cwd=examples, dsn=pg_dsn)
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout and " skipped" not in done.stdout, done.stdout
     passed = {line.split()[1].split("/")[0] for line in done.stdout.splitlines() if line.startswith("PASSED ")}
     assert passed == set(EXAMPLES), done.stdout
+
+
+@pytest.mark.slow
+def test_every_examples_typescript_suite_passes_without_a_writer_role(
+    pg_dsn: str, examples: Path, tmp_path: Path
+) -> None:
+    # One tsc and one node for all of them, as tests/test_typescript.py runs generated/'s.
+    try:
+        compiled = compile_folders({name: examples / name for name in EXAMPLES}, tmp_path / "build")
+    except Missing as exc:
+        pytest.fail(str(exc))
+    assert (compiled.code, compiled.output) == (0, "")
+    ran = node_test(compiled.suites(), {"FSMC_PG_DSN": pg_dsn, "FSMC_PYTHON": sys.executable})
+    assert ran.code == 0 and ran.count("fail") == 0 and ran.count("skipped") == 0, ran.output[-6000:]
+    assert ran.count("pass") >= 12 * len(EXAMPLES) and "Python claim racing" in ran.output
