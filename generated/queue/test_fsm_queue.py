@@ -583,12 +583,13 @@ def db() -> collections.abc.Iterator[Database]:
 def _transition(conn: typing.Any, row_id: typing.Any, event: str, **kwargs: typing.Any) -> int | None:
     """The module's transition(), the row made due first if it waits for time: these
     tests are about the table, and do not sleep out a timer (the timer tests below)."""
-    _make_due(conn, row_id)
+    _make_due(conn, row_id, kwargs["schema"])
     return typing.cast(int | None, fsm.transition(conn, row_id, event, **kwargs))
 
 
-def _make_due(conn: typing.Any, row_id: typing.Any) -> None:
-    sql = f"UPDATE {SQL_TABLE} SET due_at = now() - interval '1 second' WHERE id = %s AND due_at IS NOT NULL"
+def _make_due(conn: typing.Any, row_id: typing.Any, schema: str) -> None:
+    # The table named with its schema: a test's temporary table of that name comes first.
+    sql = f"UPDATE \"{schema}\".{SQL_TABLE} SET due_at = now() - interval '1 second' WHERE id = %s AND due_at IS NOT NULL"
     conn.execute(sql, (row_id,))
 
 
@@ -737,7 +738,7 @@ def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) ->
     event, to, _target = _moves(INITIAL)[0]
     with db.connect() as first, db.connect() as second:
         row_id = db.new_row(first)
-        _make_due(first, row_id)
+        _make_due(first, row_id, db.schema)
         first.commit()
         assert fsm.transition(first, row_id, event, expected_version=0, actor="first", to=to, schema=db.schema) == 1
         results: list[int | None] = []
@@ -1050,7 +1051,7 @@ def test_db_a_row_waits_for_the_time_it_is_given(db: Database) -> None:
                 if target != state:
                     continue
                 row_id, version = db.row_in(conn, source)
-                _make_due(conn, row_id)
+                _make_due(conn, row_id, db.schema)
                 got = fsm.transition(
                     conn, row_id, event, expected_version=version, actor="test", to=to, due_at=when,
                     schema=db.schema,
@@ -1190,7 +1191,7 @@ def test_db_a_claimed_row_carries_its_data(db: Database) -> None:
         row_id = fsm.create(app, schema=db.schema, **given).id
         app.commit()
     with db.connect() as conn:
-        _make_due(conn, row_id)
+        _make_due(conn, row_id, db.schema)
         conn.commit()
         # Every row waiting there is taken (in this transaction, rolled back): this one too.
         taken = {row.id: row for row in fsm.claim(conn, event, actor="test", limit=10_000, to=to, schema=db.schema)}
