@@ -90,9 +90,12 @@ class ModuleContext:
     heartbeat_function: str
     reclaim_function: str
     row_columns: str  # what get() and claim() read of a row, in the dataclass's field order
-    # 1.2: the fields after the counts and caps, keyword-only, in row_columns' order:
-    # (name, annotation, default as Python, what apply() does: "carry" or "stamped")
-    extra_fields: list[tuple[str, str, str, str]]
+    # 1.2: the row's own data (postgres.columns), keyword-only fields after the counts
+    # and caps, in row_columns' order: (name, annotation, default as Python)
+    data_fields: list[tuple[str, str, str]]
+    # 1.2: what the database stamps, read-only properties over one slot, in row_columns'
+    # order after the data: (name, annotation, what it says)
+    stamps: list[tuple[str, str, str]]
     # 1.2: what create() may give a row: (key, annotation, the exact type it is cast to)
     insert_fields: list[tuple[str, str, str]]
     uses_decimal: bool
@@ -145,8 +148,10 @@ def context(machine: Machine) -> ModuleContext:
         heartbeat_function=names.heartbeat,
         reclaim_function=names.reclaim,
         row_columns=", ".join(["state", "state_version", *map(count_field, m.cap_limits),
-                               *map(cap_field, m.per_row_caps), *(f for f, *_ in extra_fields(m))]),  # fmt: skip
-        extra_fields=extra_fields(m),
+                               *map(cap_field, m.per_row_caps), *(f for f, *_ in data_fields(m)),
+                               *(f for f, *_ in stamps(m))]),  # fmt: skip
+        data_fields=data_fields(m),
+        stamps=stamps(m),
         insert_fields=insert_fields(m),
         claim_by=[(name, annotation.removesuffix(" | None") + " | None", cast)
                   for name, annotation, cast in insert_fields(m) if name in m.postgres.claim_by],  # fmt: skip
@@ -156,23 +161,25 @@ def context(machine: Machine) -> ModuleContext:
     )
 
 
-def extra_fields(m: Machine) -> list[tuple[str, str, str, str]]:
+def data_fields(m: Machine) -> list[tuple[str, str, str]]:
     """The dataclass's fields after the counts and caps (1.2): the row's own data
-    (`postgres.columns`), which apply() carries, then when the row was born (carried)
-    and the times and lease the database stamps on every move, which a row apply() made
-    has as None (only the database knows them)."""
-    out = [(str(c.name), *_data_field(c), "carry") for c in m.postgres.columns]
-    # Not compared: a row read twice at one version is one row (a heartbeat moves
-    # heartbeat_at, not the version), and a row apply() made equals the row read after.
-    times = "dataclasses.field(default=None, compare=False)"
-    out.append(("created_at", "datetime.datetime | None", times, "carry"))
-    out.append(("entered_at", "datetime.datetime | None", times, "stamped"))
+    (`postgres.columns`), which apply() carries."""
+    return [(str(c.name), *_data_field(c)) for c in m.postgres.columns]
+
+
+def stamps(m: Machine) -> list[tuple[str, str, str]]:
+    """What the database writes on a row and the application only reads (1.2): when it
+    was born and entered its state, its lease, its due time. One slot holds them, behind
+    properties: apply() empties it with one store, whatever a spec declares (a row it
+    makes has no database times), so a field each would not cost apply() a store each."""
+    out = [("created_at", "datetime.datetime | None", "When the row was inserted."),
+           ("entered_at", "datetime.datetime | None", "When the row entered its state.")]  # fmt: skip
     if m.lease is not None:
-        out += [("claimed_by", "str | None", times, "stamped"),
-                ("claimed_at", "datetime.datetime | None", times, "stamped"),
-                ("heartbeat_at", "datetime.datetime | None", times, "stamped")]  # fmt: skip
+        out += [("claimed_by", "str | None", "Who holds the row's lease (the claim's actor)."),
+                ("claimed_at", "datetime.datetime | None", "When the lease was taken."),
+                ("heartbeat_at", "datetime.datetime | None", "The holder's last heartbeat.")]  # fmt: skip
     if m.timers:
-        out.append(("due_at", "datetime.datetime | None", times, "stamped"))
+        out.append(("due_at", "datetime.datetime | None", "When the timed way out of its state is due."))
     return out
 
 

@@ -401,20 +401,46 @@ class Queue:
     fetch_count: int = 0
     retry_count: int = 0
     fetch_cap: int = 25
-    # Keyword-only, read from the row: the row's own data (the spec's postgres.columns,
-    # which apply() carries), when it was born, and the times and lease the database
-    # stamps on every move (None on a row apply() made: only the database knows them).
+    # The row's own data (the spec's postgres.columns), keyword-only; apply() carries it.
     _: dataclasses.KW_ONLY
     args: typing.Any = None
     kind: str = "default"
     queue: str = "default"
     priority: int = 0
-    created_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
-    entered_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
-    claimed_by: str | None = dataclasses.field(default=None, compare=False)
-    claimed_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
-    heartbeat_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
-    due_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
+    # What the database stamps (created_at, entered_at, claimed_by, claimed_at, heartbeat_at, due_at), as read with the
+    # row: None on a row apply() made or the application built. Not compared: a row read
+    # twice at one version is one row (a heartbeat moves heartbeat_at, not the version).
+    _stamps: tuple[typing.Any, ...] | None = dataclasses.field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def created_at(self) -> datetime.datetime | None:
+        """When the row was inserted. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[0])
+
+    @property
+    def entered_at(self) -> datetime.datetime | None:
+        """When the row entered its state. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[1])
+
+    @property
+    def claimed_by(self) -> str | None:
+        """Who holds the row's lease (the claim's actor). Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(str | None, self._stamps[2])
+
+    @property
+    def claimed_at(self) -> datetime.datetime | None:
+        """When the lease was taken. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[3])
+
+    @property
+    def heartbeat_at(self) -> datetime.datetime | None:
+        """The holder's last heartbeat. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[4])
+
+    @property
+    def due_at(self) -> datetime.datetime | None:
+        """When the timed way out of its state is due. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[5])
 
     def __post_init__(self) -> None:
         # `Queue(id, "queued")` holds State.QUEUED; an unknown state is a ValueError.
@@ -471,12 +497,7 @@ class Queue:
         _SET_KIND(new, self.kind)
         _SET_QUEUE(new, self.queue)
         _SET_PRIORITY(new, self.priority)
-        _SET_CREATED_AT(new, self.created_at)
-        _SET_ENTERED_AT(new, None)
-        _SET_CLAIMED_BY(new, None)
-        _SET_CLAIMED_AT(new, None)
-        _SET_HEARTBEAT_AT(new, None)
-        _SET_DUE_AT(new, None)
+        _SET_STAMPS(new, None)
         return new
 
 
@@ -493,12 +514,7 @@ _SET_ARGS: typing.Final = Queue.__dict__["args"].__set__
 _SET_KIND: typing.Final = Queue.__dict__["kind"].__set__
 _SET_QUEUE: typing.Final = Queue.__dict__["queue"].__set__
 _SET_PRIORITY: typing.Final = Queue.__dict__["priority"].__set__
-_SET_CREATED_AT: typing.Final = Queue.__dict__["created_at"].__set__
-_SET_ENTERED_AT: typing.Final = Queue.__dict__["entered_at"].__set__
-_SET_CLAIMED_BY: typing.Final = Queue.__dict__["claimed_by"].__set__
-_SET_CLAIMED_AT: typing.Final = Queue.__dict__["claimed_at"].__set__
-_SET_HEARTBEAT_AT: typing.Final = Queue.__dict__["heartbeat_at"].__set__
-_SET_DUE_AT: typing.Final = Queue.__dict__["due_at"].__set__
+_SET_STAMPS: typing.Final = Queue.__dict__["_stamps"].__set__
 
 
 class QueueNew(typing.TypedDict, total=False):
@@ -791,7 +807,7 @@ def _state_in(error: BaseException) -> State:
 
 def _row(id: int, row: typing.Any) -> Queue:
     """The `Queue` of a row read as `state, state_version, fetch_count, retry_count, fetch_cap, args, kind, queue, priority, created_at, entered_at, claimed_by, claimed_at, heartbeat_at, due_at`."""
-    return Queue(
+    made = Queue(
         id,
         _state(row[0]),
         int(row[1]),
@@ -802,13 +818,9 @@ def _row(id: int, row: typing.Any) -> Queue:
         kind=row[6],
         queue=row[7],
         priority=row[8],
-        created_at=row[9],
-        entered_at=row[10],
-        claimed_by=row[11],
-        claimed_at=row[12],
-        heartbeat_at=row[13],
-        due_at=row[14],
     )
+    _SET_STAMPS(made, tuple(row[9:]))
+    return made
 
 
 def _checked_to(to: State | str | None) -> State | None:

@@ -336,12 +336,20 @@ class Subscription:
     state: State = INITIAL
     version: int = 0
     extend_trial_count: int = 0
-    # Keyword-only, read from the row: the row's own data (the spec's postgres.columns,
-    # which apply() carries), when it was born, and the times and lease the database
-    # stamps on every move (None on a row apply() made: only the database knows them).
-    _: dataclasses.KW_ONLY
-    created_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
-    entered_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
+    # What the database stamps (created_at, entered_at), as read with the
+    # row: None on a row apply() made or the application built. Not compared: a row read
+    # twice at one version is one row (a heartbeat moves heartbeat_at, not the version).
+    _stamps: tuple[typing.Any, ...] | None = dataclasses.field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def created_at(self) -> datetime.datetime | None:
+        """When the row was inserted. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[0])
+
+    @property
+    def entered_at(self) -> datetime.datetime | None:
+        """When the row entered its state. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[1])
 
     def __post_init__(self) -> None:
         # `Subscription(id, "queued")` holds State.QUEUED; an unknown state is a ValueError.
@@ -366,8 +374,7 @@ class Subscription:
         _SET_STATE(new, state)
         _SET_VERSION(new, self.version + 1)
         _SET_EXTEND_TRIAL_COUNT(new, extend_trial_count)
-        _SET_CREATED_AT(new, self.created_at)
-        _SET_ENTERED_AT(new, None)
+        _SET_STAMPS(new, None)
         return new
 
 
@@ -378,8 +385,7 @@ _SET_ID: typing.Final = Subscription.__dict__["id"].__set__
 _SET_STATE: typing.Final = Subscription.__dict__["state"].__set__
 _SET_VERSION: typing.Final = Subscription.__dict__["version"].__set__
 _SET_EXTEND_TRIAL_COUNT: typing.Final = Subscription.__dict__["extend_trial_count"].__set__
-_SET_CREATED_AT: typing.Final = Subscription.__dict__["created_at"].__set__
-_SET_ENTERED_AT: typing.Final = Subscription.__dict__["entered_at"].__set__
+_SET_STAMPS: typing.Final = Subscription.__dict__["_stamps"].__set__
 
 
 class SubscriptionNew(typing.TypedDict, total=False):
@@ -639,14 +645,14 @@ def _state_in(error: BaseException) -> State:
 
 def _row(id: uuid.UUID, row: typing.Any) -> Subscription:
     """The `Subscription` of a row read as `state, state_version, extend_trial_count, created_at, entered_at`."""
-    return Subscription(
+    made = Subscription(
         id,
         _state(row[0]),
         int(row[1]),
         int(row[2]),
-        created_at=row[3],
-        entered_at=row[4],
     )
+    _SET_STAMPS(made, tuple(row[3:]))
+    return made
 
 
 def _checked_to(to: State | str | None) -> State | None:

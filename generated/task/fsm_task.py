@@ -320,15 +320,35 @@ class Task:
     state: State = INITIAL
     version: int = 0
     retry_count: int = 0
-    # Keyword-only, read from the row: the row's own data (the spec's postgres.columns,
-    # which apply() carries), when it was born, and the times and lease the database
-    # stamps on every move (None on a row apply() made: only the database knows them).
-    _: dataclasses.KW_ONLY
-    created_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
-    entered_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
-    claimed_by: str | None = dataclasses.field(default=None, compare=False)
-    claimed_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
-    heartbeat_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
+    # What the database stamps (created_at, entered_at, claimed_by, claimed_at, heartbeat_at), as read with the
+    # row: None on a row apply() made or the application built. Not compared: a row read
+    # twice at one version is one row (a heartbeat moves heartbeat_at, not the version).
+    _stamps: tuple[typing.Any, ...] | None = dataclasses.field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def created_at(self) -> datetime.datetime | None:
+        """When the row was inserted. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[0])
+
+    @property
+    def entered_at(self) -> datetime.datetime | None:
+        """When the row entered its state. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[1])
+
+    @property
+    def claimed_by(self) -> str | None:
+        """Who holds the row's lease (the claim's actor). Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(str | None, self._stamps[2])
+
+    @property
+    def claimed_at(self) -> datetime.datetime | None:
+        """When the lease was taken. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[3])
+
+    @property
+    def heartbeat_at(self) -> datetime.datetime | None:
+        """The holder's last heartbeat. Read from the database; None on a row it did not give."""
+        return None if self._stamps is None else typing.cast(datetime.datetime | None, self._stamps[4])
 
     def __post_init__(self) -> None:
         # `Task(id, "queued")` holds State.QUEUED; an unknown state is a ValueError.
@@ -353,11 +373,7 @@ class Task:
         _SET_STATE(new, state)
         _SET_VERSION(new, self.version + 1)
         _SET_RETRY_COUNT(new, retry_count)
-        _SET_CREATED_AT(new, self.created_at)
-        _SET_ENTERED_AT(new, None)
-        _SET_CLAIMED_BY(new, None)
-        _SET_CLAIMED_AT(new, None)
-        _SET_HEARTBEAT_AT(new, None)
+        _SET_STAMPS(new, None)
         return new
 
 
@@ -368,11 +384,7 @@ _SET_ID: typing.Final = Task.__dict__["id"].__set__
 _SET_STATE: typing.Final = Task.__dict__["state"].__set__
 _SET_VERSION: typing.Final = Task.__dict__["version"].__set__
 _SET_RETRY_COUNT: typing.Final = Task.__dict__["retry_count"].__set__
-_SET_CREATED_AT: typing.Final = Task.__dict__["created_at"].__set__
-_SET_ENTERED_AT: typing.Final = Task.__dict__["entered_at"].__set__
-_SET_CLAIMED_BY: typing.Final = Task.__dict__["claimed_by"].__set__
-_SET_CLAIMED_AT: typing.Final = Task.__dict__["claimed_at"].__set__
-_SET_HEARTBEAT_AT: typing.Final = Task.__dict__["heartbeat_at"].__set__
+_SET_STAMPS: typing.Final = Task.__dict__["_stamps"].__set__
 
 
 class TaskNew(typing.TypedDict, total=False):
@@ -636,17 +648,14 @@ def _state_in(error: BaseException) -> State:
 
 def _row(id: str, row: typing.Any) -> Task:
     """The `Task` of a row read as `state, state_version, retry_count, created_at, entered_at, claimed_by, claimed_at, heartbeat_at`."""
-    return Task(
+    made = Task(
         id,
         _state(row[0]),
         int(row[1]),
         int(row[2]),
-        created_at=row[3],
-        entered_at=row[4],
-        claimed_by=row[5],
-        claimed_at=row[6],
-        heartbeat_at=row[7],
     )
+    _SET_STAMPS(made, tuple(row[3:]))
+    return made
 
 
 def _checked_to(to: State | str | None) -> State | None:
