@@ -5,8 +5,9 @@ exactly the facts the generated schema is built from: the machine's name, its
 states, events, terminals, initial state, transitions, lease (states and reclaim
 event), caps (language 1.1; absent when there are none), the further initial states
 and the purgeable states, the caps per row, the otherwise and reset of each transition,
-the limits (language 1.2; each absent unless the spec uses it) and PostgreSQL
-options (table, events table, id type, defaults resolved).
+the limits (language 1.2; each absent unless the spec uses it), PostgreSQL
+options (table, events table, id type, defaults resolved) and the events that
+notify (`postgres.notify`, absent unless the spec uses it).
 Descriptions, comments, key order, list order, YAML style and `from:` lists versus
 one transition per source leave it unchanged; any change to one of those facts
 changes it. Sets are sorted, since no order among states, events or transitions
@@ -81,6 +82,8 @@ def canonical(machine: Machine) -> str:
         facts["resets"] = sorted([s, e, sorted(events)] for (s, e), events in m.resets.items())
     if m.timers:
         facts["timers"] = sorted([s, e, t.kind, t.ms, t.factor, t.most_ms] for (s, e), t in m.timers.items())
+    if m.notified:
+        facts["notify"] = sorted(m.notified)
     return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

@@ -150,6 +150,8 @@ class Postgres:
     # 1.2: the schema the generated module's calls name by default (the database itself
     # is installed into whichever schema the installer's search_path names first).
     schema: str = "public"
+    # The events whose workers wait for a NOTIFY (`postgres.notify`), as written.
+    notify: tuple[Text, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -296,6 +298,13 @@ class Machine:
         for lim in self.limits:
             given.setdefault(str(lim.state), lim.most)
         return {s: given[s] for s in self.state_names if s in given}
+
+    @cached_property
+    def notified(self) -> tuple[str, ...]:
+        """The events whose workers wait for a NOTIFY (`postgres.notify`), declared
+        ones only, in `events` order."""
+        given = {str(e) for e in self.postgres.notify}
+        return tuple(e for e in self.event_names if e in given)
 
     @property
     def camel_name(self) -> str:
@@ -498,4 +507,5 @@ def _postgres(value: Any, machine: Text) -> Postgres:
     schema = _name(options.get("schema"))
     given = frozenset(k for k in ("table", "events_table", "id_type", "schema") if _name(options.get(k)))
     return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid", given,
-                    schema if schema is not None else "public")  # fmt: skip
+                    schema if schema is not None else "public",
+                    tuple(dict.fromkeys(_names(options.get("notify")))))  # fmt: skip

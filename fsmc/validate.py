@@ -182,6 +182,7 @@ def unknown_event(m: Machine) -> Iterator[Diagnostic]:
     if m.lease:
         refs.append(("lease.reclaim", m.lease.reclaim))
     refs += [("caps", c.event) for c in m.caps]
+    refs += [("postgres.notify", e) for e in m.postgres.notify]
     yield from _unknown(m, refs, m.event_names, codes.UNKNOWN_EVENT, "event")
 
 
