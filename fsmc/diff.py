@@ -119,9 +119,10 @@ class Option:
 
     Adding a lease where there was none is compatible (columns and functions are
     added). A cap (`caps.<event>`, an int) added or lowered is breaking (rows that
-    could still fire the event no longer can), raised or removed is not. Every other
-    option change is breaking: a table or id type that code and rows rely on moves,
-    or the heartbeat and reclaim contract changes."""
+    could still fire the event no longer can), raised or removed is not;
+    `postgres.notify` changes are compatible (`_COMPATIBLE`). Every other option
+    change is breaking: a table or id type that code and rows rely on moves, or the
+    heartbeat and reclaim contract changes."""
 
     name: str  # lease.states, lease.reclaim, postgres.table, caps.retry, ...
     old: str | int | None
@@ -360,15 +361,24 @@ def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
         "postgres.id_type": (m.postgres.id_type,) * 2,
         # 1.2: the schema the module names by default (its callers' calls move with it)
         "postgres.schema": (str(m.postgres.schema),) * 2,
+        # The events that send wake-ups, a set; None without any.
+        "postgres.notify": (", ".join(m.notified) or None, frozenset(m.notified)),
     }
     return out
+
+
+# Options whose every change is compatible. `postgres.notify`: wake-ups added or taken
+# away change no row, no move and no call but the waiting one; a worker of the old code
+# whose event no longer notifies still wakes at its timeout, as a poll would.
+_COMPATIBLE = frozenset({"postgres.notify"})
 
 
 def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
     before, after = _option_values(old), _option_values(new)
     gained_lease = old.lease is None and new.lease is not None
     options = [
-        Option(name, before[name][0], shown, not (gained_lease and name.startswith("lease.")))
+        Option(name, before[name][0], shown,
+               not (gained_lease and name.startswith("lease.")) and name not in _COMPATIBLE)  # fmt: skip
         for name, (shown, key) in after.items()
         if before[name][1] != key
     ]

@@ -247,8 +247,9 @@ def traded_names(renamed: Renames) -> list[str]:
 
 
 def mid_machine(old: Machine, new: Machine) -> Machine:
-    """OLD's machine under NEW's PostgreSQL names: what the database is once renamed."""
-    return dataclasses.replace(old, postgres=new.postgres)
+    """OLD's machine under NEW's PostgreSQL names: what the database is once renamed.
+    Names only: the wake-ups OLD sends (`notify`) stay OLD's until the script changes them."""
+    return dataclasses.replace(old, postgres=dataclasses.replace(new.postgres, notify=old.postgres.notify))
 
 
 # --- the plan ----------------------------------------------------------------------------

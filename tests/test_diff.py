@@ -65,6 +65,8 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     # Timed transitions: a due_at, a delay and a backoff (each a new wait: breaking).
     "timed": (1, True, {"events+", "transitions+", "transitions-", "options"}),
     "limits": (1, True, {"options"}),
+    # Wake-ups: an event added to postgres.notify (compatible, as every notify change).
+    "notify": (1, False, {"options"}),
     "mermaid_keywords": (
         1,
         True,

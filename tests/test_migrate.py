@@ -212,7 +212,7 @@ MIGRATING = [
     "lease_removed", "lease_changed", "renamed_tables", "renamed_to_awkward_names",
     "caps_added", "caps_raised", "caps_lowered", "caps_removed", "choice_added", "choice_removed",
     "reordered_and_changed", "initials_and_purgeable", "budgets", "timed",
-    "limits_added", "limits_changed", "limits_removed",
+    "limits_added", "limits_changed", "limits_removed", "notify_added", "notify_removed",
 ]  # fmt: skip
 
 
@@ -297,6 +297,10 @@ def test_the_cases_cover_what_migrate_must_handle() -> None:
     assert [(c.old_targets, c.new_targets) for c in changes("choice_removed").choices] == [
         (("completed", "failed"), ("completed",))]  # fmt: skip
     assert spec("wildcard_sources", "new").wildcards and not spec("wildcard_sources", "old").wildcards
+    notify = {case: {(o.name, o.old, o.new, o.breaking) for o in changes(case).options}
+              for case in ("notify_added", "notify_removed")}  # fmt: skip
+    assert notify == {"notify_added": {("postgres.notify", None, "claim, retry", False)},
+                      "notify_removed": {("postgres.notify", "claim, retry", None, False)}}  # fmt: skip
     for case in MIGRATING:
         assert migrate(spec(case, "old"), spec(case, "new")), case
 
