@@ -4,11 +4,13 @@ to the module's table by hand makes it fail."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fsmc.model import Machine
 from fsmc.targets.common import ID_TYPES, Header, module_name
 from fsmc.targets.postgres.build import Build, SuiteContext, suite_context
+from fsmc.targets.python import wake_sources
 from fsmc.templating import as_variables, render
 
 
@@ -38,6 +40,8 @@ class TestFileContext:
     limits: list[tuple[str, int]]  # 1.2: (state, the most rows it may hold)
     sample_id: str  # a Python expression
     sql: SuiteContext  # the database's side, SQLSTATEs included (`sql.codes`)
+    # postgres.notify: (event, its sources where it fires at once, its timed sources)
+    notified: list[tuple[str, list[str], list[str]]] = dataclasses.field(default_factory=list)
 
 
 def emit(machine: Machine, pg: Build) -> str:
@@ -63,4 +67,6 @@ def emit(machine: Machine, pg: Build) -> str:
         limits=list(m.state_limits.items()),
         sample_id=ID_TYPES[m.postgres.id_type].sample,
         sql=suite_context(pg),
+        notified=[(e, [s for s in wake_sources(m, e) if (s, e) not in m.timers],
+                   [s for s in wake_sources(m, e) if (s, e) in m.timers]) for e in m.notified],  # fmt: skip
     )))

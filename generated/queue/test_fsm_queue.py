@@ -19,6 +19,7 @@ import pickle
 import random
 import sys
 import threading
+import time
 import types
 import typing
 import uuid
@@ -1155,3 +1156,63 @@ def _race_into(db: Database, state: str, room: int) -> None:
     for racer in racers:
         racer.join(30)
     assert sorted(outcomes) == sorted(["moved"] * freed + ["refused"] * (RACERS - freed))
+
+
+# postgres.notify: each event whose workers may sleep in wait_for(), with its sources
+# where it fires at once and those where it waits for a due time.
+NOTIFIED: dict[str, tuple[list[str], list[str]]] = {
+    "fetch": (["available"], []),
+    "retry": ([], ["retryable"]),
+}
+# Those a waiter can be shown asleep, then woken: no due times, no choice to name.
+_WOKEN = [
+    e for e, (at_once, timed) in NOTIFIED.items()
+    if at_once and not timed and not any(k[1] == e for k in CHOICES)
+]
+
+
+def _drain(conn: typing.Any, schema: str, event: str) -> None:
+    """Claim every row `event` may claim now (committed): the waits below start empty."""
+    while fsm.claim(conn, event, actor="drain", limit=1000, schema=schema):
+        conn.commit()
+    conn.commit()
+
+
+def _asleep(db: Database, waiter: typing.Any) -> None:
+    """Until the waiter's session sleeps in its wait (idle after its question)."""
+    with db.connect(autocommit=True) as watcher:
+        for _ in range(1000):
+            state, query = watcher.execute(
+                "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (waiter.info.backend_pid,)
+            ).fetchone()
+            if state == "idle" and "claimable_in" in query:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the waiter never went to sleep")
+
+
+@pytest.mark.skipif(not _WOKEN, reason="no notified event fires at once from every source")
+def test_db_a_waiter_returns_at_once_for_a_committed_row_and_wakes_for_a_new_one(db: Database) -> None:
+    event = _WOKEN[0]
+    source = NOTIFIED[event][0][0]
+    with db.connect() as conn, db.connect(autocommit=True) as waiter:
+        _drain(conn, db.schema, event)
+        assert fsm.wait_for(waiter, event, timeout=0.1, schema=db.schema) is False
+        # A row committed before the wait: seen by the question asked after the LISTEN.
+        db.row_in(conn, source)
+        start = time.monotonic()
+        assert fsm.wait_for(waiter, event, timeout=30, schema=db.schema) is True
+        assert time.monotonic() - start < 10
+        _drain(conn, db.schema, event)
+        # Asleep, then woken by the NOTIFY of a row another connection commits.
+        woke: list[bool] = []
+        thread = threading.Thread(
+            target=lambda: woke.append(fsm.wait_for(waiter, event, timeout=30, schema=db.schema))
+        )
+        thread.start()
+        _asleep(db, waiter)
+        db.row_in(conn, source)
+        committed = time.monotonic()
+        thread.join(30)
+        assert woke == [True] and time.monotonic() - committed < 10
+        _drain(conn, db.schema, event)
