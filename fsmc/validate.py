@@ -31,7 +31,7 @@ TABLE_MAX = 63
 RESERVED_CAMEL = frozenset(
     {"State", "Event", "IllegalTransition", "CapReached", "Connection", "AsyncConnection",
      "UnknownRow", "StateName", "EventName", "INITIAL", "INITIALS", "PURGEABLE", "TERMINAL", "NotDue", "NOT_DUE_SQLSTATE", "LimitReached", "LIMITS", "LIMIT_REACHED_SQLSTATE", "TRANSITIONS", "CHOICES", "CAPS",
-     "SCHEMA",
+     "SCHEMA", "NOTIFIED", "ListeningConnection", "AsyncListeningConnection",
      "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE", "UNKNOWN_ROW_SQLSTATE"}
 )  # fmt: skip
 # Built-ins a class of that name would shadow in the module, which catches KeyError,

@@ -45,7 +45,7 @@ def exports(class_name: str, lease: bool, timed: bool = False, limits: bool = Fa
     if limits:
         names += ["LIMITS", "LimitReached"]
     if notify:
-        names += ["NOTIFIED", "AsyncListener", "Listener", "wake_channel", "wait_for", "await_for"]
+        names += ["NOTIFIED", "AsyncListeningConnection", "ListeningConnection", "wake_channel", "wait_for", "await_for"]
 
     def rank(name: str) -> tuple[int, str]:
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)

@@ -39,14 +39,14 @@ __all__ = [
     "TERMINAL",
     "TRANSITIONS",
     "AsyncConnection",
-    "AsyncListener",
+    "AsyncListeningConnection",
     "CapReached",
     "Connection",
     "Event",
     "EventName",
     "IllegalTransition",
     "LimitReached",
-    "Listener",
+    "ListeningConnection",
     "NotDue",
     "Queue",
     "State",
@@ -962,7 +962,7 @@ class _Info(typing.Protocol):
     def transaction_status(self) -> int: ...
 
 
-class Listener(Connection, typing.Protocol):
+class ListeningConnection(Connection, typing.Protocol):
     """A connection wait_for() can wait on: psycopg's `Connection`, 3.2 or later
     (`notifies(timeout=...)`)."""
 
@@ -979,7 +979,7 @@ class Listener(Connection, typing.Protocol):
     ) -> collections.abc.Generator[_Notify, None, None]: ...
 
 
-class AsyncListener(AsyncConnection, typing.Protocol):
+class AsyncListeningConnection(AsyncConnection, typing.Protocol):
     """A connection await_for() can wait on: psycopg's `AsyncConnection`, 3.2 or later."""
 
     @property
@@ -1031,7 +1031,7 @@ def _seconds(row: typing.Any) -> float | None:
 
 
 def wait_for(
-    conn: Listener, event: Event | EventName, *, timeout: float, schema: str = SCHEMA
+    conn: ListeningConnection, event: Event | EventName, *, timeout: float, schema: str = SCHEMA
 ) -> bool:
     """Sleep until a row may be claimable by `event` (one of NOTIFIED), for at most
     `timeout` seconds: True when there may be work (claim it: another worker may have
@@ -1089,7 +1089,7 @@ def wait_for(
 
 
 async def await_for(
-    conn: AsyncListener, event: Event | EventName, *, timeout: float, schema: str = SCHEMA
+    conn: AsyncListeningConnection, event: Event | EventName, *, timeout: float, schema: str = SCHEMA
 ) -> bool:
     """`wait_for()` on an asyncio connection (psycopg's `AsyncConnection`)."""
     checked, at_once, timed = _waking(event, conn.info.transaction_status, "await_for")
