@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from fsmc.facts import wake_sources
 from fsmc.model import Machine
 from fsmc.targets.common import ID_TYPES, Header, module_name
 from fsmc.targets.postgres.build import Build, SuiteContext, suite_context
-from fsmc.targets.python import wake_sources
 from fsmc.templating import as_variables, render
 
 
@@ -67,6 +67,5 @@ def emit(machine: Machine, pg: Build) -> str:
         limits=list(m.state_limits.items()),
         sample_id=ID_TYPES[m.postgres.id_type].sample,
         sql=suite_context(pg),
-        notified=[(e, [s for s in wake_sources(m, e) if (s, e) not in m.timers],
-                   [s for s in wake_sources(m, e) if (s, e) in m.timers]) for e in m.notified],  # fmt: skip
+        notified=[(e, *wake_sources(m, e)) for e in m.notified],
     )))

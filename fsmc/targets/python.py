@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from fsmc.facts import wake_sources
 from fsmc.model import Machine
 from fsmc.targets.common import ID_TYPES, Header
 from fsmc.targets.postgres.names import Names, cap_column, count_column, wake_channel_head
@@ -147,19 +148,11 @@ def context(machine: Machine) -> ModuleContext:
                                *map(cap_field, m.per_row_caps)]),  # fmt: skip
         lease=m.lease is not None,
         reclaim_event=str(m.lease.reclaim) if m.lease is not None else "",
-        notified=[
-            (member(e), [s for s in wake_sources(m, e) if (s, e) not in m.timers],
-             [s for s in wake_sources(m, e) if (s, e) in m.timers])
-            for e in m.notified
-        ],  # fmt: skip
+        notified=[(member(e), *wake_sources(m, e)) for e in m.notified],
         wake_head=wake_channel_head(str(m.name)),
         claimable_in_function=names.claimable_in,
     )
 
-
-def wake_sources(m: Machine, event: str) -> list[str]:
-    """The states `event` takes rows from, in `states` order."""
-    return [s for s in m.state_names if (s, event) in m.targets]
 
 
 def emit(machine: Machine) -> str:

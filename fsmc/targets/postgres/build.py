@@ -546,7 +546,7 @@ def build(machine: Machine) -> Build:
         )
     if c.waking is not None:
         # No `writer`: the writer role's moves (a claim of a retry, say) wake workers too.
-        entered = sql_any("NEW.state", wake_states(m))
+        entered = sql_any("NEW.state", facts.wake_states(m))
         triggers += (
             Trigger(n.notify_insert, n.table, "AFTER", "INSERT", n.notify, when=entered,
                     comment=comments.NOTIFY_TRIGGERS),  # fmt: skip
@@ -623,22 +623,13 @@ def limits_table(m: Machine, n: Quoted, id_type: str) -> Table:
     )
 
 
-def wake_states(m: Machine) -> list[str]:
-    """The states a row enters to become claimable by an event of `postgres.notify`
-    (their sources), in `states` order: entering one sends a wake-up."""
-    sources = {s for (s, e) in m.targets if e in m.notified}
-    return [s for s in m.state_names if s in sources]
-
-
 def wake_context(m: Machine, claimable: list[str], limits: LimitsContext | None) -> WakeContext | None:
     if not m.notified:
         return None
     limited = dict(limits.claim_targets) if limits is not None else {}
     events = []
     for event in m.notified:
-        sources = [s for s in m.state_names if (s, event) in m.targets]
-        untimed = [s for s in sources if (s, event) not in m.timers]
-        timed = [s for s in sources if (s, event) in m.timers]
+        untimed, timed = facts.wake_sources(m, event)
         events.append(WakeEvent(
             event=event,
             untimed=sql_text_array(untimed) if untimed else "",
