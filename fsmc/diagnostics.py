@@ -68,6 +68,7 @@ TIMER_CONFLICT = Code("timer-conflict", "error", "a state has more than one time
 UNCAPPED_BUDGET = Code(
     "uncapped-budget", "error", "a backoff, an `otherwise`, a `spent` or a `reset` relies on an event that is not capped"
 )
+BAD_COLUMN = Code("bad-column", "error", "a declared column's name, type or default cannot be used")
 UNUSED_EVENT = Code("unused-event", "warning", "a declared event is used by no transition")
 
 # The contract's table of codes, in the order the README lists them.
@@ -76,7 +77,7 @@ CODES: dict[str, Code] = {
     for c in (
         YAML_SYNTAX, DUPLICATE_KEY, SCHEMA, LIMIT, BAD_NAME, DUPLICATE_NAME, UNKNOWN_STATE,
         UNKNOWN_EVENT, DUPLICATE_TRANSITION, UNREACHABLE_STATE, TERMINAL_EXIT, DEAD_END,
-        TRAP, LEASE_RECLAIM, CAP_TRAP, TIMER_CONFLICT, UNCAPPED_BUDGET, UNUSED_EVENT,
+        TRAP, LEASE_RECLAIM, CAP_TRAP, TIMER_CONFLICT, UNCAPPED_BUDGET, BAD_COLUMN, UNUSED_EVENT,
     )
 }  # fmt: skip
 BLOCKS_GRAPH: frozenset[str] = frozenset(c for c in CODES.values() if c.blocks_graph)

@@ -142,6 +142,24 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class DeclaredColumn:
+    """1.2's `postgres: {columns: {name: type | {type, default, nullable}}}`: a column of
+    the row's own data (`fsmc.columns` has the types). `has_default` tells a default of
+    null from none; `nullable` is as written, or its default (true without a default)."""
+
+    name: Text
+    type: str  # as written: `validate` refuses one `fsmc.columns.TYPES` lacks
+    default: object = None
+    has_default: bool = False
+    nullable: bool = True
+
+    @property
+    def required(self) -> bool:
+        """Whether `create` must be given a value: NOT NULL without a default."""
+        return not self.nullable and not self.has_default
+
+
+@dataclass(frozen=True)
 class Postgres:
     table: Text
     events_table: Text
@@ -150,6 +168,11 @@ class Postgres:
     # 1.2: the schema the generated module's calls name by default (the database itself
     # is installed into whichever schema the installer's search_path names first).
     schema: str = "public"
+    columns: tuple[DeclaredColumn, ...] = ()  # 1.2, in spec order
+    # 1.2's `claim: {by, order}`: declared columns a claim may be limited to, and the one
+    # it takes the lowest of first (then the oldest). As written: `validate` checks them.
+    claim_by: tuple[Text, ...] = ()
+    claim_order: Text | None = None
     # The events whose workers wait for a NOTIFY (`postgres.notify`), as written.
     notify: tuple[Text, ...] = ()
 
@@ -506,6 +529,38 @@ def _postgres(value: Any, machine: Text) -> Postgres:
     id_type = options.get("id_type")
     schema = _name(options.get("schema"))
     given = frozenset(k for k in ("table", "events_table", "id_type", "schema") if _name(options.get(k)))
+    claim = options.get("claim")
+    claim = claim if isinstance(claim, Mapping) else Mapping((1, 1))
     return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid", given,
-                    schema if schema is not None else "public",
+                    schema if schema is not None else "public", _columns(options.get("columns")),
+                    _names(claim.get("by")), _name(claim.get("order")),
                     tuple(dict.fromkeys(_names(options.get("notify")))))  # fmt: skip
+
+
+def _columns(value: Any) -> tuple[DeclaredColumn, ...]:
+    """The declared columns as written; the schema stage reports any of another shape."""
+    if not isinstance(value, Mapping):
+        return ()
+    out: list[DeclaredColumn] = []
+    for name, given in value.items():
+        if not isinstance(name, Text):
+            continue
+        if isinstance(given, str):
+            out.append(DeclaredColumn(name, str(given)))
+        elif isinstance(given, Mapping) and isinstance(given.get("type"), str):
+            has_default = "default" in given
+            null = given.get("nullable")
+            nullable = null if isinstance(null, bool) else not has_default
+            out.append(DeclaredColumn(name, str(given["type"]), _plain(given.get("default")), has_default, nullable))
+    return tuple(out)
+
+
+def _plain(value: Any) -> object:
+    """A YAML value as plain Python data (a default as JSON would hold it)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return [_plain(v) for v in value]
+    if isinstance(value, Text):
+        return str(value)
+    return value

@@ -15,8 +15,10 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from fsmc import columns
 from fsmc import diagnostics as codes
 from fsmc.diagnostics import Code, Diagnostic
+from fsmc.escape import sql_name
 from fsmc.load import Pos, Text
 from fsmc.model import Machine, Transition, camel
 from fsmc.typos import typo_of
@@ -116,6 +118,44 @@ def _name_problem(name: str, pattern: re.Pattern[str], limit: int) -> str | None
     if len(name) > limit:
         return f"is {len(name)} characters long; the limit is {limit}"
     return None
+
+
+def bad_column(m: Machine) -> Iterator[Diagnostic]:
+    """1.2's declared columns: a type of `fsmc.columns.TYPES`, a name fsmc's columns,
+    parameters and keywords leave free, and a default of the column's type."""
+    own = frozenset(sql_name(e, kind) for e in m.event_names for kind in ("count", "cap"))
+    for column in m.postgres.columns:
+        problem = columns.name_problem(column.name, own)
+        if problem:
+            yield _at(m, column.name, codes.BAD_COLUMN, f"postgres.columns: '{column.name}' {problem}")
+        problem = columns.null_problem(column.nullable, column.has_default)
+        if problem:
+            yield _at(m, column.name, codes.BAD_COLUMN, f"postgres.columns.{column.name}: {problem}")
+        kind = columns.TYPES.get(column.type)
+        if kind is None:
+            yield _at(m, column.name, codes.BAD_COLUMN,
+                      f"postgres.columns.{column.name}: '{column.type}' is not a column type fsmc knows"
+                      f"{_did_you_mean(column.type, columns.TYPES)} (the types: {', '.join(columns.TYPES)})")  # fmt: skip
+        elif column.has_default:
+            problem = columns.default_problem(kind, column.default)
+            if problem:
+                yield _at(m, column.name, codes.BAD_COLUMN, f"postgres.columns.{column.name}: {problem}")
+
+
+def claim_columns(m: Machine) -> Iterator[Diagnostic]:
+    """1.2's `postgres.claim`: `by` and `order` name declared columns a claim can compare
+    and sort through a btree index (not jsonb or bytea)."""
+    declared = {str(c.name): c.type for c in m.postgres.columns}
+    named = [("by", n) for n in m.postgres.claim_by]
+    named += [("order", m.postgres.claim_order)] if m.postgres.claim_order is not None else []
+    for key, name in named:
+        if name not in declared:
+            yield _at(m, name, codes.BAD_COLUMN,
+                      f"postgres.claim.{key}: '{name}' is not a declared column{_did_you_mean(name, declared)}")  # fmt: skip
+        elif declared[name] in ("jsonb", "bytea"):
+            yield _at(m, name, codes.BAD_COLUMN,
+                      f"postgres.claim.{key}: '{name}' is a {declared[name]} column; a claim compares and orders "
+                      "text, numbers, booleans, times, dates and uuids")  # fmt: skip
 
 
 def duplicate_name(m: Machine) -> Iterator[Diagnostic]:
@@ -537,6 +577,8 @@ def _first_declarations(m: Machine) -> list[Text]:
 
 REFERENCE_RULES: tuple[Rule, ...] = (
     bad_name,
+    bad_column,
+    claim_columns,
     duplicate_name,
     unknown_state,
     unknown_event,

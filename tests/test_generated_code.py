@@ -19,8 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from fsmc.columns import FSMC_OWNED
+from fsmc.escape import sql_name
+from fsmc.targets.postgres.build import build
 from tests.conftest import GENERATED
 from tests.harness import mypy, run_pytest
+from tests.pg_scratch import machine_of
 
 MACHINES = sorted(p.name for p in GENERATED.iterdir() if p.is_dir())
 
@@ -256,7 +260,7 @@ def test_reserved_class_names_are_every_capitalised_name_the_module_defines() ->
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
         machine_class = "".join(p.title() for p in module.parent.name.split("_"))
-        capitalised |= {n for n in defined if n[:1].isupper()} - {machine_class}
+        capitalised |= {n for n in defined if n[:1].isupper()} - {machine_class, machine_class + "New"}
     assert capitalised == RESERVED_CAMEL
 
 
@@ -266,3 +270,16 @@ def test_machine_names_whose_class_would_replace_a_module_name_are_refused(name:
     spec.write_text((GENERATED.parent / "specs" / "runner.yaml").read_text().replace("machine: runner", f"machine: {name}"))
     ran = fsmc("check", spec)
     assert ran.code == 1 and "[bad-name]" in ran.out and ran.out.count("\n") == 1
+
+
+def test_no_declared_column_can_take_a_name_fsmc_generates() -> None:
+    # Every column fsmc gives the table and every parameter of its functions, for a spec
+    # using every feature (lease, caps per row, timers, limits): `fsmc.columns` reserves
+    # them, or a declared column could shadow one in PL/pgSQL or in create()'s keywords.
+    machine = machine_of("queue")
+    declared = {str(c.name) for c in machine.postgres.columns}
+    per_event = {sql_name(e, kind) for e in machine.event_names for kind in ("count", "cap")}
+    schema = build(machine).schema
+    owned = {c.name for c in schema.tables[0].columns} - declared  # the machine's table
+    owned |= {p.name for f in schema.functions for p in f.parameters} - declared  # claim.by: its own columns
+    assert owned - per_event <= FSMC_OWNED, owned - per_event - FSMC_OWNED

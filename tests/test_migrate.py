@@ -887,7 +887,7 @@ def test_the_plan_of_two_schemas_covers_what_the_next_spec_features_add() -> Non
     view = View("job_intervals", "SELECT id FROM jobs")
     mid = dataclasses.replace(mid, views=(view, View("job_old_view", "SELECT 1 AS one")))
     new_apply = dataclasses.replace(apply, parameters=(*apply.parameters, Parameter("note", "text", "NULL")))
-    new_claim = dataclasses.replace(claim, returns="SETOF jobs")
+    new_claim = dataclasses.replace(claim, returns="TABLE (id uuid, state_version bigint)")
     new_jobs = dataclasses.replace(jobs, columns=(
         *(dataclasses.replace(c, default="'claimed'") if c.name == "state" else c for c in jobs.columns),
         Column("deadline_at", "timestamptz", not_null=True, default="pg_catalog.now()")))  # fmt: skip

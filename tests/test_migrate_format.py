@@ -11,7 +11,8 @@ release, rendered for that spec); added_state_old.format2.sql what it built at
 format 2 (commit 9830bc5; its first lines say how it was made), and
 added_state_old.format3.sql at format 3 (commit 970ec0a, the last before format 4),
 added_state_old.format4.sql at format 4 (commit a63c560, the last before format 5),
-added_state_old.format5.sql at format 5 (commit 836a4ae, the last before format 6)."""
+added_state_old.format5.sql at format 5 (commit 836a4ae, the last before format 6),
+added_state_old.format6.sql at format 6 (commit 8cb3727, the last before format 7)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ FORMAT2 = ROOT / "tests" / "format_cases" / "added_state_old.format2.sql"
 FORMAT3 = ROOT / "tests" / "format_cases" / "added_state_old.format3.sql"
 FORMAT4 = ROOT / "tests" / "format_cases" / "added_state_old.format4.sql"
 FORMAT5 = ROOT / "tests" / "format_cases" / "added_state_old.format5.sql"
+FORMAT6 = ROOT / "tests" / "format_cases" / "added_state_old.format6.sql"
 
 
 def without_column_order(objects: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
@@ -113,7 +115,7 @@ def test_a_format_1_database_is_brought_to_the_current_format_by_the_migration(p
                     assert entered[row_id] == last[row_id]
             stays = app.execute(db.q("SELECT count(*) FROM {intervals}")).fetchone()
             assert stays == (len(before.events) + len(before.rows),)
-            claimed = app.execute(db.q("SELECT * FROM {claim}('claim', 'w', 100)")).fetchall()
+            claimed = app.execute(db.q("SELECT id, state_version FROM {claim}('claim', 'w', 100)")).fetchall()
             assert [r[1] for r in claimed] == [1]  # the queued row, never moved
             app.rollback()
         behaves_as_contract_4_2(migrated(db, new, (old, before.versions)))
@@ -309,5 +311,31 @@ def test_a_format_5_database_takes_the_callers_pen_for_ids_and_times(pg_dsn: str
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     app.execute(db.q(write))
                 app.rollback()
+    finally:
+        db.drop()
+
+
+def test_a_format_6_database_claims_whole_rows_and_keeps_who_may_claim(pg_dsn: str) -> None:
+    # Format 6's claim returned (id, state_version), a result type CREATE OR REPLACE
+    # cannot change: the migration drops it, makes today's, and the roles that could
+    # claim still can, getting whole rows.
+    old, new = spec("added_state"), spec("added_state", "new")
+    db = Scratch.create(pg_dsn, old, FORMAT6.read_text(encoding="utf-8"))
+    try:
+        with db.owner() as owner:  # format 6's grants are today's
+            owner.execute(db.grants())
+            owner.commit()
+            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (6,)
+            assert owner.execute("SELECT pg_get_function_result('job_claim'::regproc)").fetchone() == (
+                "TABLE(id uuid, state_version bigint)",
+            )
+        with db.connect() as app:
+            queued = db.new_row(app)
+            app.commit()
+        migrates_to_a_fresh_build(pg_dsn, db, old, new, "SELECT to_regtype('no_such_type')")
+        with db.connect() as app:
+            claimed = app.execute(db.q("SELECT id, state, state_version, claimed_by FROM {claim}('claim', 'w', 100)")).fetchall()
+            assert (queued, "claimed", 1, "w") in claimed
+            app.rollback()
     finally:
         db.drop()

@@ -669,3 +669,58 @@ def test_a_backoff_needs_a_capped_event() -> None:
     spec = QUEUE.replace("{from: scheduled, event: schedule, to: available}",
                          "{from: scheduled, event: schedule, to: available, after: @{backoff: 1s, factor: 2, max: 1m}}")
     assert_only("uncapped-budget", spec, "transitions[0].after", "'schedule'", "cap it (caps: {schedule: N})")
+
+
+# --- bad-column (1.2's declared columns) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("columns", "fragment"),
+    [
+        ("  @order: text", "'order' is a PostgreSQL reserved word"),
+        ("  @state_version: bigint", "fsmc generates"),
+        ("  @start_count: integer", "fsmc generates"),  # the count column a cap on `start` would add
+        ("  @finish_cap: integer", "fsmc generates"),
+        ("  @v_rows: integer", "starts with v_"),
+        ("  @class: text", "Python keyword"),
+        ("  @kind: txt", "'txt' is not a column type fsmc knows; did you mean 'text'?"),
+        ("  @priority: {type: smallint, default: 70000}", "out of a smallint's range (-32768 to 32767)"),
+        ("  @flag: {type: boolean, default: 1}", "must be true or false"),
+        ("  @born: {type: date, default: '2020-01-01'}", "a date column cannot have a default"),
+        ("  @name: {type: text, nullable: false}", "needs a default"),
+        ("  @count: {type: integer, default: '3'}", "must be an integer"),
+    ],
+)
+def test_bad_column_points_at_the_column(columns: str, fragment: str) -> None:
+    assert_only("bad-column", BASE + "postgres:\n  columns:\n" + "  " + columns + "\n", fragment)
+
+
+def test_declared_columns_of_every_type_are_clean() -> None:
+    spec = BASE + """postgres:
+  columns:
+    args: jsonb
+    queue: {type: text, default: default}
+    priority: {type: smallint, default: 0}
+    options: {type: jsonb, default: {retries: [1, 2]}}
+    weight: {type: numeric, default: 1.5}
+    ratio: {type: double precision, default: 0.25}
+    urgent: {type: boolean, default: false}
+    total: {type: bigint, default: -9223372036854775808}
+    parent: uuid
+    born: date
+    run_after: timestamptz
+    blob: bytea
+    note: {type: text, nullable: false, default: ''}
+"""
+    assert run(spec)[0] == []
+
+
+def test_claim_by_and_order_name_declared_columns_a_claim_can_compare() -> None:
+    spec = BASE + """postgres:
+  columns:
+    args: jsonb
+    queue: {type: text, default: default}
+  claim: {by: [@queu, @args], order: @priority}
+"""
+    assert_only("bad-column", spec, "'queu' is not a declared column; did you mean 'queue'?",
+                "'args' is a jsonb column", "postgres.claim.order: 'priority' is not a declared column")  # fmt: skip

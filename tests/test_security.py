@@ -396,7 +396,7 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, na
                     due = conn.execute(f"SELECT due_at > now() FROM {n.table} WHERE id = %s".encode(), (waiting,))
                     assert due.fetchone() == (True,)
                 other = conn.execute(fresh.encode()).fetchone()[0]  # type: ignore[index]
-                claimed = conn.execute(f"SELECT * FROM {n.claim}(%s, 'x', 1, %s)".encode(), (event, target)).fetchall()
+                claimed = conn.execute(f"SELECT id, state_version FROM {n.claim}(%s, 'x', 1, %s)".encode(), (event, target)).fetchall()
                 assert [tuple(r) for r in claimed] == [(other, 1)]
                 if machine.lease is not None and target in machine.lease.states:
                     beat = conn.execute(f"SELECT {n.heartbeat}(%s, 1)".encode(), (row_id,)).fetchone()

@@ -7,6 +7,7 @@ The database tests play the application (`Scratch.connect()`: the README's grant
 from __future__ import annotations
 
 import asyncio
+import datetime
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -166,15 +167,21 @@ def test_get_and_claim_fill_the_counts_from_the_row(tmp_path: Path) -> None:
     # come from the row, so a fetched Task refuses past its cap as the database would.
     task = module_of(machine_of("task"), tmp_path)
     seen: list[str] = []
-    answers = {"task_claim(": [("id-1", 8)], ".tasks WHERE id OPERATOR(pg_catalog.=) ANY": [("id-1", "acquired", 8, 5)],
-               ".tasks WHERE id OPERATOR(pg_catalog.=) %s": [("failed", 7, 5)]}  # fmt: skip
+    # After the counts: when the row was born and entered its state, then its lease
+    # (and, where the spec times a state, its due time): read, not compared.
+    born = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    times = (born, born, "w1", born, born, None)[: len(task.Task.__slots__) - 4]
+    answers = {"task_claim(": [("id-1", "acquired", 8, 5, *times)],
+               ".tasks WHERE id OPERATOR(pg_catalog.=) %s": [("failed", 7, 5, *times)]}  # fmt: skip
     conn = type("Conn", (), {"cursor": lambda self: RowsCursor(answers, seen)})()
     fetched = task.get(conn, "id-1")
     assert fetched == task.Task("id-1", task.State.FAILED, 7, retry_count=5)
+    assert (fetched.created_at, fetched.claimed_by) == (born, "w1")
     with pytest.raises(task.CapReached):
         fetched.apply("retry")
     assert task.claim(conn, "acquire", actor="w") == [task.Task("id-1", task.State.ACQUIRED, 8, retry_count=5)]
-    assert all("retry_count" in q for q in seen if "tasks" in q), seen
+    assert all("retry_count" in q for q in seen if "task" in q), seen
+    assert sum("task_claim(" in q for q in seen) == 1 and len(seen) == 2, seen  # the claim reads no row back
 
 
 def test_get_and_claim_read_the_counts_of_a_capped_machine(pg_dsn: str, tmp_path: Path) -> None:

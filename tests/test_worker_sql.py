@@ -43,7 +43,7 @@ def test_claim_moves_the_oldest_rows_of_its_source_states_and_logs_them(db: Scra
             ids.append(db.new_row(conn))
             conn.commit()
         running, _ = db.row_at(conn, "running")  # not a source of claim
-        got = conn.execute(db.q("SELECT * FROM {claim}('claim', 'w1', 2)")).fetchall()
+        got = conn.execute(db.q("SELECT id, state_version FROM {claim}('claim', 'w1', 2)")).fetchall()
         assert got == [(ids[0], 1), (ids[1], 1)]
         assert db.row(conn, ids[0]) == ("claimed", 1)
         assert db.row(conn, ids[2]) == ("queued", 0)
@@ -158,7 +158,7 @@ def test_a_spec_with_a_thousand_claimable_states_installs_and_claim_reads_its_in
         assert len(plans) == 1, plans
         assert re.search(rf"Index Scan (Backward )?using {re.escape(db.names.claim_index)}\b", plans[0]), plans[0]
         with db.connect() as conn:
-            claimed = conn.execute(db.q("SELECT * FROM {claim}('claim', 'w', 3)")).fetchall()
+            claimed = conn.execute(db.q("SELECT id, state_version FROM {claim}('claim', 'w', 3)")).fetchall()
             assert [version for _id, version in claimed] == [1, 1, 1]
             conn.commit()
             predicate = conn.execute(db.q(
@@ -190,7 +190,7 @@ def test_the_claim_index_is_partial_and_leaves_heartbeat_at_alone(db: Scratch) -
 def test_heartbeats_after_a_claim_stay_hot_updates(db: Scratch) -> None:
     queued(db, 1)
     with db.connect() as conn:
-        (row_id, version), = conn.execute(db.q("SELECT * FROM {claim}('claim', 'w')")).fetchall()
+        (row_id, version), = conn.execute(db.q("SELECT id, state_version FROM {claim}('claim', 'w')")).fetchall()
         conn.commit()
     with db.superuser(autocommit=True) as su:
         def hot() -> tuple[int, int]:
@@ -398,9 +398,9 @@ def test_claim_out_of_a_lease_state_keeps_the_claim_and_refreshes_the_heartbeat(
     """Sources inside the lease take claim's other branch (no claim index there)."""
     queued(db, 2)
     with db.connect() as conn:
-        first = conn.execute(db.q("SELECT * FROM {claim}('claim', 'w1', 2)")).fetchall()
+        first = conn.execute(db.q("SELECT id, state_version FROM {claim}('claim', 'w1', 2)")).fetchall()
         conn.commit()
-        got = conn.execute(db.q("SELECT * FROM {claim}('start', 'w2', 5)")).fetchall()
+        got = conn.execute(db.q("SELECT id, state_version FROM {claim}('start', 'w2', 5)")).fetchall()
         assert sorted(got) == sorted((i, 2) for i, _v in first)
         rows = conn.execute(db.q("SELECT state, claimed_by, heartbeat_at = now() FROM {table}")).fetchall()
         assert rows == [("running", "w1", True)] * 2  # claimed by w1, started by w2's call
@@ -416,7 +416,7 @@ def test_claim_on_a_machine_without_lease(pg_dsn: str) -> None:
         with runner.connect() as conn:
             ids = [runner.new_row(conn) for _ in range(3)]
             conn.commit()
-            got = conn.execute(runner.q("SELECT * FROM {claim}(%s, 'w', 10)"), (event,)).fetchall()
+            got = conn.execute(runner.q("SELECT id, state_version FROM {claim}(%s, 'w', 10)"), (event,)).fetchall()
             assert sorted(got) == sorted((i, 1) for i in ids)
             conn.commit()
             assert runner.replay_problems(conn) == []

@@ -5,10 +5,12 @@ single targets, CHOICES, CAPS), apply, the dataclass with its cap counts, and
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
+from fsmc import columns
 from fsmc.facts import wake_sources
-from fsmc.model import Machine
+from fsmc.model import DeclaredColumn, Machine
 from fsmc.targets.common import ID_TYPES, Header
 from fsmc.targets.postgres.names import Names, cap_column, count_column, wake_channel_head
 from fsmc.targets.sqlstate import Codes
@@ -37,8 +39,9 @@ def exports(class_name: str, lease: bool, timed: bool = False, limits: bool = Fa
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
     names = ["CAPS", "CHOICES", "INITIAL", "INITIALS", "PURGEABLE", "SCHEMA", "TERMINAL", "TRANSITIONS", "AsyncConnection",
              "CapReached", "Connection", "Event", "IllegalTransition", "State", "UnknownRow",
-             class_name, "EventName", "StateName", "apply", "available_events", "can_fire",
-             "transition", "atransition", "get", "aget", "claim", "aclaim", "purge", "apurge"]  # fmt: skip
+             class_name, class_name + "New", "EventName", "StateName", "apply", "available_events", "can_fire",
+             "transition", "atransition", "get", "aget", "create", "acreate", "create_many", "acreate_many",
+             "claim", "aclaim", "purge", "apurge"]  # fmt: skip
     if lease:
         names += ["heartbeat", "aheartbeat", "reclaim", "areclaim"]
     if timed:
@@ -92,6 +95,14 @@ class ModuleContext:
     heartbeat_function: str
     reclaim_function: str
     row_columns: str  # what get() and claim() read of a row, in the dataclass's field order
+    # 1.2: the fields after the counts and caps, keyword-only, in row_columns' order:
+    # (name, annotation, default as Python, what apply() does: "carry" or "stamped")
+    extra_fields: list[tuple[str, str, str, str]]
+    # 1.2: what create() may give a row: (key, annotation, the exact type it is cast to)
+    insert_fields: list[tuple[str, str, str]]
+    uses_decimal: bool
+    # 1.2's `postgres.claim.by`: what claim() may be limited to: (name, annotation, cast)
+    claim_by: list[tuple[str, str, str]]
     lease: bool
     reclaim_event: str
     # `postgres.notify`: (event member, its sources where it fires at once, its timed
@@ -136,7 +147,7 @@ def context(machine: Machine) -> ModuleContext:
         id_type=ID_TYPES[m.postgres.id_type].python,
         pg_id_type=ID_TYPES[m.postgres.id_type].cast,
         schema=m.postgres.schema,
-        uses_uuid=m.postgres.id_type == "uuid",
+        uses_uuid=m.postgres.id_type == "uuid" or any(c.type == "uuid" for c in m.postgres.columns),
         codes=Codes(),
         table=names.table,
         apply_function=names.apply,
@@ -145,7 +156,12 @@ def context(machine: Machine) -> ModuleContext:
         heartbeat_function=names.heartbeat,
         reclaim_function=names.reclaim,
         row_columns=", ".join(["state", "state_version", *map(count_field, m.cap_limits),
-                               *map(cap_field, m.per_row_caps)]),  # fmt: skip
+                               *map(cap_field, m.per_row_caps), *(f for f, *_ in extra_fields(m))]),  # fmt: skip
+        extra_fields=extra_fields(m),
+        insert_fields=insert_fields(m),
+        claim_by=[(name, annotation.removesuffix(" | None") + " | None", cast)
+                  for name, annotation, cast in insert_fields(m) if name in m.postgres.claim_by],  # fmt: skip
+        uses_decimal=any(columns.TYPES[c.type].python == "decimal.Decimal" for c in m.postgres.columns),
         lease=m.lease is not None,
         reclaim_event=str(m.lease.reclaim) if m.lease is not None else "",
         notified=[(member(e), *wake_sources(m, e)) for e in m.notified],
@@ -153,6 +169,51 @@ def context(machine: Machine) -> ModuleContext:
         claimable_in_function=names.claimable_in,
     )
 
+
+def extra_fields(m: Machine) -> list[tuple[str, str, str, str]]:
+    """The dataclass's fields after the counts and caps (1.2): the row's own data
+    (`postgres.columns`), which apply() carries, then when the row was born (carried)
+    and the times and lease the database stamps on every move, which a row apply() made
+    has as None (only the database knows them)."""
+    out = [(str(c.name), *_data_field(c), "carry") for c in m.postgres.columns]
+    # Not compared: a row read twice at one version is one row (a heartbeat moves
+    # heartbeat_at, not the version), and a row apply() made equals the row read after.
+    times = "dataclasses.field(default=None, compare=False)"
+    out.append(("created_at", "datetime.datetime | None", times, "carry"))
+    out.append(("entered_at", "datetime.datetime | None", times, "stamped"))
+    if m.lease is not None:
+        out += [("claimed_by", "str | None", times, "stamped"),
+                ("claimed_at", "datetime.datetime | None", times, "stamped"),
+                ("heartbeat_at", "datetime.datetime | None", times, "stamped")]  # fmt: skip
+    if m.timers:
+        out.append(("due_at", "datetime.datetime | None", times, "stamped"))
+    return out
+
+
+def _data_field(c: DeclaredColumn) -> tuple[str, str]:
+    """A declared column's annotation and default, as the dataclass declares them."""
+    kind = columns.TYPES[c.type]
+    nullable = c.nullable and kind.python != "typing.Any"
+    annotation = kind.python + (" | None" if nullable else "")
+    if not c.has_default or c.default is None:
+        return annotation, "None"
+    if isinstance(c.default, (dict, list)):  # a fresh one for each row, as a mutable default must be
+        text = json.dumps(c.default, sort_keys=True, ensure_ascii=False)
+        return annotation, f"dataclasses.field(default_factory=lambda: json.loads({text!r}))"
+    return annotation, columns.python_default(kind, c.default)
+
+
+def insert_fields(m: Machine) -> list[tuple[str, str, str]]:
+    """What create() may give a new row, beside its id and state: a row's own caps
+    (1.2), its due time where a state it may be born in waits for one, its data."""
+    out = [(cap_field(e), "int", "pg_catalog.int4") for e in m.per_row_caps]
+    if any(t.kind == "due_at" for t in m.timers.values()):
+        out.append(("due_at", "datetime.datetime", "pg_catalog.timestamptz"))
+    for c in m.postgres.columns:
+        kind = columns.TYPES[c.type]
+        out.append((str(c.name), kind.python + (" | None" if c.nullable and kind.python != "typing.Any" else ""),
+                    kind.cast))  # fmt: skip
+    return out
 
 
 def emit(machine: Machine) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fsmc.model import Lease, Machine
 from fsmc.targets.common import Header, Paths
-from fsmc.targets.postgres.build import Build
+from fsmc.targets.postgres.build import Build, declared_column
 from fsmc.targets.postgres.install import app_grants
 from fsmc.templating import as_variables, render
 
@@ -28,11 +28,30 @@ class ReadmeContext:
     never_ends: bool
     caps: list[tuple[str, str]]  # (event, its cap as the table says it)
     lease: Lease | None
+    columns: list[tuple[str, str, str]]  # 1.2: (name, type as declared, what a claim does with it)
     files: list[str]
     schema: str
     grants: list[str]
     sql_file: str
     test_file: str
+
+
+def _declared(m: Machine) -> list[tuple[str, str]]:
+    """Each declared column and its type as the table declares it (`fsmc.columns`)."""
+    out = []
+    for c in m.postgres.columns:
+        column = declared_column(c)
+        out.append((column.name, column.definition.removeprefix(column.name + " ")))
+    return out
+
+
+def _claims_by(m: Machine, name: str) -> str:
+    notes = []
+    if name in m.postgres.claim_by:
+        notes.append("a claim may be limited to a value of it")
+    if name == m.postgres.claim_order:
+        notes.append("a claim takes the lowest first")
+    return "; ".join(notes)
 
 
 def _goes_to(m: Machine, source: str, event: str) -> str:
@@ -80,6 +99,7 @@ def emit(machine: Machine, diagram: str, pg: Build) -> str:
         caps=[(e, f"{cap} per row, at most {m.per_row_caps[e]}" if e in m.per_row_caps else str(cap))
               for e, cap in m.cap_limits.items()],  # fmt: skip
         lease=m.lease,
+        columns=[(name, column_type, _claims_by(m, name)) for name, column_type in _declared(m)],
         files=[p.split("/", 1)[1] for p in (paths.module, paths.sql, paths.mermaid, paths.tests)],
         schema=m.postgres.schema,
         grants=app_grants(pg.install, m.postgres.schema, "app_worker"),

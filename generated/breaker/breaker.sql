@@ -172,7 +172,7 @@ RETURN '902bf76b2cc09568d9b9e2473f36b95c09db16c3f50d5d7a234bf99c559f53a8';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION breaker_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 6;
+RETURN 7;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -303,7 +303,7 @@ CREATE FUNCTION breaker_claim(
     actor text,
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
-) RETURNS TABLE (id uuid, state_version bigint)
+) RETURNS SETOF breakers
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
@@ -369,14 +369,15 @@ BEGIN
                                             THEN breaker_claim.to_state END AS to_state
                                 FROM (SELECT '{"closed trip": {"s": "open", "t": {"open": "none"}}, "open wait_elapsed": {"s": "half_open", "t": {"half_open": "none"}}, "half_open trial": {"t": {"closed": "none", "open": "none"}}, "closed force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "half_open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "closed reset": {"s": "closed", "t": {"closed": "none"}}, "open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open reset": {"s": "closed", "t": {"closed": "none"}}, "forced_open reset": {"s": "closed", "t": {"closed": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, breaker_claim.actor
             FROM moved AS m
-            RETURNING breaker_id, version
         )
-        SELECT l.breaker_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     ELSE
         -- Sources inside the lease (or mixed): the lease index, or a scan.
         RETURN QUERY
@@ -400,14 +401,15 @@ BEGIN
                                             THEN breaker_claim.to_state END AS to_state
                                 FROM (SELECT '{"closed trip": {"s": "open", "t": {"open": "none"}}, "open wait_elapsed": {"s": "half_open", "t": {"half_open": "none"}}, "half_open trial": {"t": {"closed": "none", "open": "none"}}, "closed force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "half_open force_open": {"s": "forced_open", "t": {"forced_open": "none"}}, "closed reset": {"s": "closed", "t": {"closed": "none"}}, "open reset": {"s": "closed", "t": {"closed": "none"}}, "half_open reset": {"s": "closed", "t": {"closed": "none"}}, "forced_open reset": {"s": "closed", "t": {"closed": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, breaker_claim.actor
             FROM moved AS m
-            RETURNING breaker_id, version
         )
-        SELECT l.breaker_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     END IF;
     IF breaker_fsmc_digest() OPERATOR(pg_catalog.<>) '902bf76b2cc09568d9b9e2473f36b95c09db16c3f50d5d7a234bf99c559f53a8' THEN
         RAISE EXCEPTION USING ERRCODE = 'serialization_failure',

@@ -187,7 +187,7 @@ RETURN 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION job_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 6;
+RETURN 7;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -407,7 +407,7 @@ CREATE FUNCTION job_claim(
     actor text,
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
-) RETURNS TABLE (id uuid, state_version bigint)
+) RETURNS SETOF jobs
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
@@ -476,14 +476,15 @@ BEGIN
                                             THEN job_claim.to_state END AS to_state
                                 FROM (SELECT '{"queued claim": {"s": "claimed", "t": {"claimed": "enter"}}, "claimed start": {"s": "running", "t": {"running": "stay"}}, "claimed reclaim": {"s": "queued", "t": {"queued": "leave"}}, "running reclaim": {"s": "queued", "t": {"queued": "leave"}}, "running finish": {"s": "completed", "t": {"completed": "leave"}}, "running error": {"s": "failed", "t": {"failed": "leave"}}, "running pause": {"s": "paused", "t": {"paused": "leave"}}, "paused resume": {"s": "running", "t": {"running": "enter"}}, "paused abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "failed retry": {"s": "queued", "t": {"queued": "none"}}, "failed abandon": {"s": "abandoned", "t": {"abandoned": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO job_events (job_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, job_claim.actor
             FROM moved AS m
-            RETURNING job_id, version
         )
-        SELECT l.job_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     ELSE
         -- Sources inside the lease (or mixed): the lease index, or a scan.
         RETURN QUERY
@@ -510,14 +511,15 @@ BEGIN
                                             THEN job_claim.to_state END AS to_state
                                 FROM (SELECT '{"queued claim": {"s": "claimed", "t": {"claimed": "enter"}}, "claimed start": {"s": "running", "t": {"running": "stay"}}, "claimed reclaim": {"s": "queued", "t": {"queued": "leave"}}, "running reclaim": {"s": "queued", "t": {"queued": "leave"}}, "running finish": {"s": "completed", "t": {"completed": "leave"}}, "running error": {"s": "failed", "t": {"failed": "leave"}}, "running pause": {"s": "paused", "t": {"paused": "leave"}}, "paused resume": {"s": "running", "t": {"running": "enter"}}, "paused abandon": {"s": "abandoned", "t": {"abandoned": "none"}}, "failed retry": {"s": "queued", "t": {"queued": "none"}}, "failed abandon": {"s": "abandoned", "t": {"abandoned": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO job_events (job_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, job_claim.actor
             FROM moved AS m
-            RETURNING job_id, version
         )
-        SELECT l.job_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     END IF;
     IF job_fsmc_digest() OPERATOR(pg_catalog.<>) 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda' THEN
         RAISE EXCEPTION USING ERRCODE = 'serialization_failure',

@@ -174,7 +174,7 @@ RETURN '8135004d6518294a1feb0ff3bd3480dbf59da7e93eb284f3e8b772b0ab5c8e88';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION review_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 6;
+RETURN 7;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -305,7 +305,7 @@ CREATE FUNCTION review_claim(
     actor text,
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
-) RETURNS TABLE (id bigint, state_version bigint)
+) RETURNS SETOF reviews
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
@@ -371,14 +371,15 @@ BEGIN
                                             THEN review_claim.to_state END AS to_state
                                 FROM (SELECT '{"draft submit": {"s": "open", "t": {"open": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "approved merge": {"s": "merged", "t": {"merged": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO review_events (review_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, review_claim.actor
             FROM moved AS m
-            RETURNING review_id, version
         )
-        SELECT l.review_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     ELSE
         -- Sources inside the lease (or mixed): the lease index, or a scan.
         RETURN QUERY
@@ -402,14 +403,15 @@ BEGIN
                                             THEN review_claim.to_state END AS to_state
                                 FROM (SELECT '{"draft submit": {"s": "open", "t": {"open": "none"}}, "open review": {"t": {"approved": "none", "changes_requested": "none", "open": "none"}}, "changes_requested revise": {"s": "open", "t": {"open": "none"}}, "approved merge": {"s": "merged", "t": {"merged": "none"}}, "draft withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "open withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}, "changes_requested withdraw": {"s": "withdrawn", "t": {"withdrawn": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO review_events (review_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, review_claim.actor
             FROM moved AS m
-            RETURNING review_id, version
         )
-        SELECT l.review_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     END IF;
     IF review_fsmc_digest() OPERATOR(pg_catalog.<>) '8135004d6518294a1feb0ff3bd3480dbf59da7e93eb284f3e8b772b0ab5c8e88' THEN
         RAISE EXCEPTION USING ERRCODE = 'serialization_failure',

@@ -170,7 +170,7 @@ RETURN '1a9ea1e2a9f89f5313d634e87ff33cdd1ae5b4504cf1ffa11f49babff9894c07';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION runner_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 6;
+RETURN 7;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -299,7 +299,7 @@ CREATE FUNCTION runner_claim(
     actor text,
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
-) RETURNS TABLE (id bigint, state_version bigint)
+) RETURNS SETOF runners
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
@@ -365,14 +365,15 @@ BEGIN
                                             THEN runner_claim.to_state END AS to_state
                                 FROM (SELECT '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, runner_claim.actor
             FROM moved AS m
-            RETURNING runner_id, version
         )
-        SELECT l.runner_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     ELSE
         -- Sources inside the lease (or mixed): the lease index, or a scan.
         RETURN QUERY
@@ -396,14 +397,15 @@ BEGIN
                                             THEN runner_claim.to_state END AS to_state
                                 FROM (SELECT '{"queued claim": {"s": "running", "t": {"running": "none"}}, "running succeed": {"s": "succeeded", "t": {"succeeded": "none"}}, "running fail": {"s": "failed", "t": {"failed": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO runner_events (runner_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, runner_claim.actor
             FROM moved AS m
-            RETURNING runner_id, version
         )
-        SELECT l.runner_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     END IF;
     IF runner_fsmc_digest() OPERATOR(pg_catalog.<>) '1a9ea1e2a9f89f5313d634e87ff33cdd1ae5b4504cf1ffa11f49babff9894c07' THEN
         RAISE EXCEPTION USING ERRCODE = 'serialization_failure',

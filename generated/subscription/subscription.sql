@@ -183,7 +183,7 @@ RETURN 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION subscription_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 6;
+RETURN 7;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -325,7 +325,7 @@ CREATE FUNCTION subscription_claim(
     actor text,
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
-) RETURNS TABLE (id uuid, state_version bigint)
+) RETURNS SETOF subscriptions
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
@@ -393,14 +393,15 @@ BEGIN
                                             THEN subscription_claim.to_state END AS to_state
                                 FROM (SELECT '{"incomplete pay": {"s": "active", "t": {"active": "none"}}, "incomplete start_trial": {"s": "trialing", "t": {"trialing": "none"}}, "incomplete expire": {"s": "incomplete_expired", "t": {"incomplete_expired": "none"}}, "trialing end_trial": {"s": "active", "t": {"active": "none"}}, "trialing extend_trial": {"s": "trialing", "t": {"trialing": "none"}}, "active payment_failed": {"s": "past_due", "t": {"past_due": "none"}}, "past_due pay": {"s": "active", "t": {"active": "none"}}, "past_due give_up": {"s": "unpaid", "t": {"unpaid": "none"}}, "unpaid pay": {"s": "active", "t": {"active": "none"}}, "active pause": {"s": "paused", "t": {"paused": "none"}}, "paused resume": {"s": "active", "t": {"active": "none"}}, "trialing cancel": {"s": "canceled", "t": {"canceled": "none"}}, "active cancel": {"s": "canceled", "t": {"canceled": "none"}}, "past_due cancel": {"s": "canceled", "t": {"canceled": "none"}}, "unpaid cancel": {"s": "canceled", "t": {"canceled": "none"}}, "paused cancel": {"s": "canceled", "t": {"canceled": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, subscription_claim.actor
             FROM moved AS m
-            RETURNING subscription_id, version
         )
-        SELECT l.subscription_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     ELSE
         -- Sources inside the lease (or mixed): the lease index, or a scan.
         RETURN QUERY
@@ -426,14 +427,15 @@ BEGIN
                                             THEN subscription_claim.to_state END AS to_state
                                 FROM (SELECT '{"incomplete pay": {"s": "active", "t": {"active": "none"}}, "incomplete start_trial": {"s": "trialing", "t": {"trialing": "none"}}, "incomplete expire": {"s": "incomplete_expired", "t": {"incomplete_expired": "none"}}, "trialing end_trial": {"s": "active", "t": {"active": "none"}}, "trialing extend_trial": {"s": "trialing", "t": {"trialing": "none"}}, "active payment_failed": {"s": "past_due", "t": {"past_due": "none"}}, "past_due pay": {"s": "active", "t": {"active": "none"}}, "past_due give_up": {"s": "unpaid", "t": {"unpaid": "none"}}, "unpaid pay": {"s": "active", "t": {"active": "none"}}, "active pause": {"s": "paused", "t": {"paused": "none"}}, "paused resume": {"s": "active", "t": {"active": "none"}}, "trialing cancel": {"s": "canceled", "t": {"canceled": "none"}}, "active cancel": {"s": "canceled", "t": {"canceled": "none"}}, "past_due cancel": {"s": "canceled", "t": {"canceled": "none"}}, "unpaid cancel": {"s": "canceled", "t": {"canceled": "none"}}, "paused cancel": {"s": "canceled", "t": {"canceled": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, subscription_claim.actor
             FROM moved AS m
-            RETURNING subscription_id, version
         )
-        SELECT l.subscription_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     END IF;
     IF subscription_fsmc_digest() OPERATOR(pg_catalog.<>) 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2' THEN
         RAISE EXCEPTION USING ERRCODE = 'serialization_failure',

@@ -42,8 +42,11 @@ __all__ = [
     "State",
     "StateName",
     "Task",
+    "TaskNew",
     "UnknownRow",
     "aclaim",
+    "acreate",
+    "acreate_many",
     "aget",
     "aheartbeat",
     "apply",
@@ -53,6 +56,8 @@ __all__ = [
     "available_events",
     "can_fire",
     "claim",
+    "create",
+    "create_many",
     "get",
     "heartbeat",
     "purge",
@@ -315,6 +320,15 @@ class Task:
     state: State = INITIAL
     version: int = 0
     retry_count: int = 0
+    # Keyword-only, read from the row: the row's own data (the spec's postgres.columns,
+    # which apply() carries), when it was born, and the times and lease the database
+    # stamps on every move (None on a row apply() made: only the database knows them).
+    _: dataclasses.KW_ONLY
+    created_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
+    entered_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
+    claimed_by: str | None = dataclasses.field(default=None, compare=False)
+    claimed_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
+    heartbeat_at: datetime.datetime | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # `Task(id, "queued")` holds State.QUEUED; an unknown state is a ValueError.
@@ -339,6 +353,11 @@ class Task:
         _SET_STATE(new, state)
         _SET_VERSION(new, self.version + 1)
         _SET_RETRY_COUNT(new, retry_count)
+        _SET_CREATED_AT(new, self.created_at)
+        _SET_ENTERED_AT(new, None)
+        _SET_CLAIMED_BY(new, None)
+        _SET_CLAIMED_AT(new, None)
+        _SET_HEARTBEAT_AT(new, None)
         return new
 
 
@@ -349,6 +368,26 @@ _SET_ID: typing.Final = Task.__dict__["id"].__set__
 _SET_STATE: typing.Final = Task.__dict__["state"].__set__
 _SET_VERSION: typing.Final = Task.__dict__["version"].__set__
 _SET_RETRY_COUNT: typing.Final = Task.__dict__["retry_count"].__set__
+_SET_CREATED_AT: typing.Final = Task.__dict__["created_at"].__set__
+_SET_ENTERED_AT: typing.Final = Task.__dict__["entered_at"].__set__
+_SET_CLAIMED_BY: typing.Final = Task.__dict__["claimed_by"].__set__
+_SET_CLAIMED_AT: typing.Final = Task.__dict__["claimed_at"].__set__
+_SET_HEARTBEAT_AT: typing.Final = Task.__dict__["heartbeat_at"].__set__
+
+
+class TaskNew(typing.TypedDict, total=False):
+    """What create() may give a new task; each key left out takes its column's default."""
+
+    id: str
+    state: State | StateName  # one of INITIALS (default INITIAL)
+
+
+# The columns create() may write, in the order its INSERT names them, and the exact
+# type each value is cast to (jsonb travels as text, cast row by row).
+_INSERTED: typing.Final[dict[str, str]] = {
+    "id": "pg_catalog.text",
+    "state": "pg_catalog.text",
+}
 
 
 class _Cursor(typing.Protocol):
@@ -412,9 +451,9 @@ SCHEMA: typing.Final = "public"
 
 class _Statements(typing.NamedTuple):
     apply: str
+    apply_current: str
     get: str
     claim: str
-    rows: str
     purge: str
     heartbeat: str
     reclaim: str
@@ -429,9 +468,11 @@ def _sql(schema: str) -> _Statements:
     s = '"' + schema.replace('"', '""').replace("%", "%%") + '"'
     return _Statements(
         apply="SELECT " + s + ".task_apply(%s::pg_catalog.text, %s::pg_catalog.text, %s::pg_catalog.int8, %s::pg_catalog.text, %s::pg_catalog.jsonb, %s::pg_catalog.text)",
-        get="SELECT state, state_version, retry_count FROM " + s + ".tasks WHERE id OPERATOR(pg_catalog.=) %s::pg_catalog.text",
-        claim="SELECT id, state_version FROM " + s + ".task_claim(%s::pg_catalog.text, %s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.text)",
-        rows="SELECT id, state, state_version, retry_count FROM " + s + ".tasks WHERE id OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.text[])",
+        # The row's version as it is now, locked (a concurrent move is waited for and
+        # read after it): no row, no result.
+        apply_current="SELECT " + s + ".task_apply(v.id, %s::pg_catalog.text, v.state_version, %s::pg_catalog.text, %s::pg_catalog.jsonb, %s::pg_catalog.text) FROM (SELECT t.id, t.state_version FROM " + s + ".tasks AS t WHERE t.id OPERATOR(pg_catalog.=) %s::pg_catalog.text FOR UPDATE) AS v",
+        get="SELECT state, state_version, retry_count, created_at, entered_at, claimed_by, claimed_at, heartbeat_at FROM " + s + ".tasks WHERE id OPERATOR(pg_catalog.=) %s::pg_catalog.text",
+        claim="SELECT id, state, state_version, retry_count, created_at, entered_at, claimed_by, claimed_at, heartbeat_at FROM " + s + ".task_claim(%s::pg_catalog.text, %s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.text)",
         purge="SELECT " + s + ".task_purge(%s::pg_catalog.interval, %s::pg_catalog.int4)",
         heartbeat="SELECT " + s + ".task_heartbeat(%s::pg_catalog.text, %s::pg_catalog.int8)",
         reclaim="SELECT " + s + ".task_reclaim(%s::pg_catalog.interval, %s::pg_catalog.text)",
@@ -449,7 +490,7 @@ def transition(
     id: str,
     event: Event | EventName,
     *,
-    expected_version: int,
+    expected_version: int | None,
     actor: str,
     payload: object = None,
     to: State | StateName | None = None,
@@ -459,6 +500,9 @@ def transition(
 
     Returns the row's new version, or None when its version is no longer
     `expected_version` (someone moved it first; nothing changed: re-read the row).
+    With `expected_version=None` (an operator's cancel, say) the event fires on the
+    row as it is: it is locked, a concurrent move waited for, and the table judges
+    the event from the state that move left.
     `to` picks a choice's target (CHOICES). Raises IllegalTransition when the
     database refuses the transition from the row's current state (CapReached when a
     capped event has fired its cap's worth), ValueError for an event or a `to` this
@@ -477,19 +521,18 @@ def transition(
     """
     checked = _event(event)
     target = None if to is None else _state(to)
-    body = None if payload is None else json.dumps(payload)
-    args = (id, checked.value, expected_version, actor, body, _value(target))
+    statement, args = _move(schema, id, checked, expected_version, actor, payload, target, None)
     cursor = conn.cursor()
     try:
         try:
-            cursor.execute(_sql(schema).apply, args)
+            cursor.execute(statement, args)
         except Exception as error:
             _refused(error, id, checked, target)
             raise
         row = cursor.fetchone()
     finally:
         cursor.close()
-    return _version(row)
+    return _version(row, id, expected_version)
 
 
 async def atransition(
@@ -497,7 +540,7 @@ async def atransition(
     id: str,
     event: Event | EventName,
     *,
-    expected_version: int,
+    expected_version: int | None,
     actor: str,
     payload: object = None,
     to: State | StateName | None = None,
@@ -506,22 +549,41 @@ async def atransition(
     """`transition()` on an asyncio connection (psycopg's `AsyncConnection`)."""
     checked = _event(event)
     target = None if to is None else _state(to)
-    body = None if payload is None else json.dumps(payload)
-    args = (id, checked.value, expected_version, actor, body, _value(target))
+    statement, args = _move(schema, id, checked, expected_version, actor, payload, target, None)
     cursor = conn.cursor()
     try:
         try:
-            await cursor.execute(_sql(schema).apply, args)
+            await cursor.execute(statement, args)
         except Exception as error:
             _refused(error, id, checked, target)
             raise
         row = await cursor.fetchone()
     finally:
         await cursor.close()
-    return _version(row)
+    return _version(row, id, expected_version)
 
 
-def _version(row: typing.Any) -> int | None:
+def _move(
+    schema: str,
+    id: str,
+    event: Event,
+    expected_version: int | None,
+    actor: str,
+    payload: object,
+    target: State | None,
+    due_at: datetime.datetime | None,
+) -> tuple[str, tuple[object, ...]]:
+    """The statement and arguments of a move: at `expected_version`, or (None) at
+    whatever version the row has."""
+    body = None if payload is None else json.dumps(payload)
+    if expected_version is None:
+        return _sql(schema).apply_current, (event.value, actor, body, _value(target), id)
+    return _sql(schema).apply, (id, event.value, expected_version, actor, body, _value(target))
+
+
+def _version(row: typing.Any, id: object, expected_version: int | None) -> int | None:
+    if row is None and expected_version is None:
+        raise UnknownRow(id)  # the row's current version is read with the row: none, no row
     if row is None or row[0] is None:
         return None
     return int(row[0])
@@ -573,31 +635,18 @@ def _state_in(error: BaseException) -> State:
 # differ only in awaiting the cursor.
 
 def _row(id: str, row: typing.Any) -> Task:
-    """The `Task` of a row read as `state, state_version, retry_count`."""
+    """The `Task` of a row read as `state, state_version, retry_count, created_at, entered_at, claimed_by, claimed_at, heartbeat_at`."""
     return Task(
         id,
         _state(row[0]),
         int(row[1]),
         int(row[2]),
+        created_at=row[3],
+        entered_at=row[4],
+        claimed_by=row[5],
+        claimed_at=row[6],
+        heartbeat_at=row[7],
     )
-
-
-def _claimed(
-    event: Event, to: State | None, rows: typing.Any
-) -> tuple[list[tuple[str, int]], State | None]:
-    """The claimed (id, version) pairs, and their state when the event has one target
-    from all its sources (else None: read the rows back)."""
-    # The claim returns versions, not counts: the rows are always read back.
-    return [(r[0], int(r[1])) for r in rows], None
-
-
-def _moved(
-    pairs: list[tuple[str, int]], state: State | None, rows: dict[typing.Any, typing.Any]
-) -> list[Task]:
-    """The claimed rows as `Task`s: from their state, or from the rows read back."""
-    if state is not None:
-        return [Task(i, state, v) for i, v in pairs]
-    return [_row(i, rows[i]) for i, _v in pairs]
 
 
 def _checked_to(to: State | str | None) -> State | None:
@@ -639,7 +688,8 @@ def claim(
 ) -> list[Task]:
     """Fire `event` on up to `limit` rows in its source states, oldest first, skipping
     rows other transactions hold (task_claim): the rows it moved, as
-    `Task`s at their new versions. Two workers never claim one row."""
+    `Task`s at their new versions, read as the move left them (one round
+    trip). Two workers never claim one row."""
     checked, target = _event(event), _checked_to(to)
     cursor = conn.cursor()
     try:
@@ -648,14 +698,10 @@ def claim(
         except Exception as error:
             _refused(error, None, None)
             raise
-        pairs, state = _claimed(checked, target, cursor.fetchall())
-        rows: dict[typing.Any, typing.Any] = {}
-        if state is None and pairs:
-            cursor.execute(_sql(schema).rows, ([i for i, _v in pairs],))
-            rows = {r[0]: r[1:] for r in cursor.fetchall()}
+        rows = cursor.fetchall()
     finally:
         cursor.close()
-    return _moved(pairs, state, rows)
+    return [_row(r[0], r[1:]) for r in rows]
 
 
 async def aclaim(
@@ -676,14 +722,108 @@ async def aclaim(
         except Exception as error:
             _refused(error, None, None)
             raise
-        pairs, state = _claimed(checked, target, await cursor.fetchall())
-        rows: dict[typing.Any, typing.Any] = {}
-        if state is None and pairs:
-            await cursor.execute(_sql(schema).rows, ([i for i, _v in pairs],))
-            rows = {r[0]: r[1:] for r in await cursor.fetchall()}
+        rows = await cursor.fetchall()
     finally:
         await cursor.close()
-    return _moved(pairs, state, rows)
+    return [_row(r[0], r[1:]) for r in rows]
+
+
+def create(
+    conn: Connection, *, schema: str = SCHEMA, **row: typing.Unpack[TaskNew]
+) -> Task:
+    """Insert one task (in an initial state: INITIAL unless `state` says another of
+    INITIALS) and return it as the database made it. Never commits."""
+    return create_many(conn, [row], schema=schema)[0]
+
+
+async def acreate(
+    conn: AsyncConnection, *, schema: str = SCHEMA, **row: typing.Unpack[TaskNew]
+) -> Task:
+    """`create()` on an asyncio connection."""
+    return (await acreate_many(conn, [row], schema=schema))[0]
+
+
+def create_many(
+    conn: Connection,
+    rows: collections.abc.Iterable[TaskNew],
+    *,
+    schema: str = SCHEMA,
+) -> list[Task]:
+    """Insert many tasks in one statement per set of keys given (one, when every
+    row gives the same keys), and return them in the order given. Never commits."""
+    made: dict[int, Task] = {}
+    cursor = conn.cursor()
+    try:
+        for keys, places, values in _batches(rows):
+            cursor.execute(_insert(schema, keys), values)
+            for place, got in zip(places, cursor.fetchall(), strict=True):
+                made[place] = _row(got[0], got[1:])
+    finally:
+        cursor.close()
+    return [made[place] for place in range(len(made))]
+
+
+async def acreate_many(
+    conn: AsyncConnection,
+    rows: collections.abc.Iterable[TaskNew],
+    *,
+    schema: str = SCHEMA,
+) -> list[Task]:
+    """`create_many()` on an asyncio connection."""
+    made: dict[int, Task] = {}
+    cursor = conn.cursor()
+    try:
+        for keys, places, values in _batches(rows):
+            await cursor.execute(_insert(schema, keys), values)
+            for place, got in zip(places, await cursor.fetchall(), strict=True):
+                made[place] = _row(got[0], got[1:])
+    finally:
+        await cursor.close()
+    return [made[place] for place in range(len(made))]
+
+
+def _batches(
+    rows: collections.abc.Iterable[TaskNew],
+) -> list[tuple[tuple[str, ...], list[int], list[list[object]]]]:
+    """The rows grouped by the keys they give: (keys, their places in `rows`, one list of
+    values a key), the keys in _INSERTED's order. Raises TypeError for a key create()
+    does not take and ValueError for a state a row cannot be born in."""
+    groups: dict[tuple[str, ...], tuple[list[int], list[list[object]]]] = {}
+    for place, row in enumerate(rows):
+        unknown = set(row) - _INSERTED.keys()
+        if unknown:
+            raise TypeError(f"create() takes no {', '.join(sorted(unknown))}: it takes {', '.join(_INSERTED)}")
+        given = typing.cast(dict[str, object], row)
+        keys = tuple(k for k in _INSERTED if k in given) or ("state",)
+        places, values = groups.setdefault(keys, ([], [[] for _ in keys]))
+        places.append(place)
+        for key, column in zip(keys, values, strict=True):
+            value = given.get(key, INITIAL)
+            if key == "state":
+                value = _state(typing.cast(str, value))
+                if value not in INITIALS:
+                    raise ValueError(f"a task is born in {', '.join(s for s in State if s in INITIALS)}, not {value}")
+            elif _INSERTED[key] == "pg_catalog.jsonb" and value is not None:
+                value = json.dumps(value)
+            column.append(value)
+    return [(keys, places, values) for keys, (places, values) in groups.items()]
+
+
+@functools.lru_cache(maxsize=256)
+def _insert(schema: str, keys: tuple[str, ...]) -> str:
+    """INSERT of rows giving `keys` (of _INSERTED), one array a key, RETURNING what
+    get() reads: RETURNING gives the rows in the order the arrays hold them."""
+    s = '"' + schema.replace('"', '""').replace("%", "%%") + '"'
+    arrays = ", ".join(
+        "pg_catalog.unnest(%s::" + ("pg_catalog.text" if _INSERTED[k] == "pg_catalog.jsonb" else _INSERTED[k]) + "[])"
+        for k in keys
+    )
+    picks = ", ".join(f"u.{k}" + ("::pg_catalog.jsonb" if _INSERTED[k] == "pg_catalog.jsonb" else "") for k in keys)
+    listed = ", ".join(keys)
+    return (
+        "INSERT INTO " + s + ".tasks (" + listed + ") SELECT " + picks
+        + " FROM ROWS FROM (" + arrays + ") AS u (" + listed + ") RETURNING id, " + "state, state_version, retry_count, created_at, entered_at, claimed_by, claimed_at, heartbeat_at"
+    )
 
 
 def _value(state: State | None) -> str | None:

@@ -186,7 +186,7 @@ RETURN '62e39537bf8f1c8467eb2d2d42d95a153440c00395e86b73993932370460177b';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION task_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 6;
+RETURN 7;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -414,7 +414,7 @@ CREATE FUNCTION task_claim(
     actor text,
     max_rows integer DEFAULT 1,
     to_state text DEFAULT NULL
-) RETURNS TABLE (id text, state_version bigint)
+) RETURNS SETOF tasks
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
@@ -485,14 +485,15 @@ BEGIN
                                             THEN task_claim.to_state END AS to_state
                                 FROM (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
             FROM moved AS m
-            RETURNING task_id, version
         )
-        SELECT l.task_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     ELSE
         -- Sources inside the lease (or mixed): the lease index, or a scan.
         RETURN QUERY
@@ -521,14 +522,15 @@ BEGIN
                                             THEN task_claim.to_state END AS to_state
                                 FROM (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
         ), logged AS (
             INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
             FROM moved AS m
-            RETURNING task_id, version
         )
-        SELECT l.task_id, l.version FROM logged AS l;
+        SELECT (m.claimed).* FROM moved AS m;
     END IF;
     IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '62e39537bf8f1c8467eb2d2d42d95a153440c00395e86b73993932370460177b' THEN
         RAISE EXCEPTION USING ERRCODE = 'serialization_failure',

@@ -105,7 +105,7 @@ from functools import cache
 
 import jinja2
 
-from fsmc import facts
+from fsmc import columns, facts
 from fsmc.digest import machine_digest
 from fsmc.escape import (
     sql_comment,
@@ -116,7 +116,7 @@ from fsmc.escape import (
     sql_text_array,
 )
 from fsmc.facts import CLAIM_COLUMNS
-from fsmc.model import Machine
+from fsmc.model import DeclaredColumn, Machine
 from fsmc.targets.common import ID_TYPES, Header, Paths
 from fsmc.targets.postgres import comments
 from fsmc.targets.postgres.encode import (
@@ -200,6 +200,10 @@ class ClaimContext:
     claimable_array: str
     in_claimable: str
     index_predicate: str
+    # 1.2's `postgres.claim`: (column, claim's parameter) a claim may be limited to, and
+    # the ORDER BY of a claim of an untimed event (the lowest `order` first, then the oldest).
+    by: list[tuple[str, str]]
+    order: str
 
 
 @dataclass(frozen=True)
@@ -356,6 +360,7 @@ def build(machine: Machine) -> Build:
 
     ids = ID_TYPES[m.postgres.id_type]
     id_type = ids.sql
+    declared_types = {str(c.name): c.type for c in m.postgres.columns}
     triples_hash = short_hash(triples(m))
     domains = spec_domains(m, triples_hash)
     state_domain, transition_domain = domains
@@ -376,6 +381,8 @@ def build(machine: Machine) -> Build:
               for cap in c.caps if cap.cap_column),  # fmt: skip
             # 1.2: when a row in a timed state is due (set on entry: NULL elsewhere).
             *((Column("due_at", "timestamptz"),) if c.timing else ()),
+            # 1.2: the row's own data, as the spec declares it (`fsmc.columns`).
+            *map(declared_column, m.postgres.columns),
         ),
         constraints=(
             Constraint(n.table_pkey, "PRIMARY KEY (id)"),
@@ -418,7 +425,9 @@ def build(machine: Machine) -> Build:
     if c.timing is not None:
         indexes += (Index(n.due_index, n.table, "(due_at)", c.timing.index_predicate),)
     indexes += (
-        Index(n.claim_index, n.table, "(entered_at)", c.claiming.index_predicate, comments.CLAIM_INDEX),
+        Index(n.claim_index, n.table, f"({', '.join(claim_key(m))})", c.claiming.index_predicate, comments.CLAIM_INDEX),
+        *((Index(n.claim_by_index, n.table, f"({', '.join([*m.postgres.claim_by, *claim_key(m)])})",
+                 c.claiming.index_predicate, comments.CLAIM_BY_INDEX),) if m.postgres.claim_by else ()),
         Index(n.purge_index, n.table, "(entered_at)", c.purging.index_predicate),
     )
     tickets = Table(
@@ -474,7 +483,8 @@ def build(machine: Machine) -> Build:
         Parameter("max_rows", "integer", "1"),
         Parameter("to_state", "text", "NULL"),
         *((Parameter("due_at", "timestamptz", "NULL"),) if c.timing and c.timing.given else ()),
-        returns=f"TABLE (id {id_type}, state_version bigint)", body=body("claim"), attributes=_WRITER,
+        *(Parameter(str(name), columns.TYPES[declared_types[name]].sql, "NULL") for name in m.postgres.claim_by),
+        returns=f"SETOF {n.table}", body=body("claim"), attributes=_WRITER,
     )  # fmt: skip
     function(names.purge, Parameter("older_than", "interval"), Parameter("max_rows", "integer"),
              returns="bigint", body=body("purge"), attributes=("SECURITY DEFINER",),
@@ -576,6 +586,19 @@ def build(machine: Machine) -> Build:
 _STATE_MOVED = "UPDATE OF state, state_version"
 _SEQSCAN_OFF = (("enable_seqscan", "off"),)
 _WRITER = ("SECURITY DEFINER",)
+
+
+def claim_key(m: Machine) -> list[str]:
+    """The columns a claim of an untimed event orders by: 1.2's `postgres.claim.order`
+    (the lowest first), then `entered_at` (the oldest)."""
+    order = m.postgres.claim_order
+    return [*([str(order)] if order is not None else []), "entered_at"]
+
+
+def declared_column(column: DeclaredColumn) -> Column:
+    kind = columns.TYPES[column.type]
+    default = columns.sql_default(kind, column.default) if column.has_default else None
+    return Column(str(column.name), kind.sql, not_null=not column.nullable, default=default)
 
 
 def timing_context(m: Machine) -> TimingContext | None:
@@ -760,6 +783,8 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
             claimable_array=sql_text_array(claimable),
             in_claimable=sql_among("t.state", claimable, unclaimable),
             index_predicate=sql_among("state", claimable, unclaimable),
+            by=[(str(c), f"{n.claim}.{c}") for c in m.postgres.claim_by],
+            order=", ".join(f"t.{c}" for c in claim_key(m)),
         ),
         purging=PurgeContext(
             in_purgeable=sql_among("t.state", purgeable, [s for s in states if s not in purgeable]),

@@ -64,6 +64,10 @@ CLAIM_INDEX = (
     "ones: over a table of mostly finished rows, each scan reads only its own states.",
     "Neither covers heartbeat_at, so heartbeats stay HOT updates.",
 )
+CLAIM_BY_INDEX = (
+    "A claim limited to given values of the spec's `claim.by` columns reads the",
+    "claimable rows with those values, in the order it takes them.",
+)
 PURGE_TICKETS = (
     "Purge's permit to delete history, one row per purging transaction: owned by the",
     "schema's owner and granted to no one, so only the SECURITY DEFINER purge function",

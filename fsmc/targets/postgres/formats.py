@@ -18,7 +18,8 @@ moves (format 4: the three columns joined into one text), and the triggers skipp
 the writer's writes compare CURRENT_USER with a text (format 4: a name); 6: the
 writer role owns the heartbeat and the update guard too, which stamps a direct
 move's times, and the application's grants are column by column (format 5: whole
-tables).
+tables); 7: `_claim` returns the claimed rows whole, as the table's row type (format 6:
+their ids and versions).
 
 Identifiers are as SQL spells them (`Names.sql`), as in the model.
 """
@@ -35,7 +36,7 @@ from fsmc.targets.postgres.model import Constraint, Domain, Index, Table, View
 if TYPE_CHECKING:
     from fsmc.targets.postgres.build import Build
 
-SCHEMA_FORMAT = 6
+SCHEMA_FORMAT = 7
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class UpgradeFormat:
     format3: Format3
     format4: Format4
     format5: Format5
+    claim: str  # OLD's `_claim`, its signature: before format 7 it returned (id, state_version)
 
 
 def upgrade_format(old: Build) -> UpgradeFormat:
@@ -149,6 +151,7 @@ def upgrade_format(old: Build) -> UpgradeFormat:
             dropped_domain=sql_ident(sql_name(machine, "transition", old.triples_hash)),
             check_logged=n.check_logged,
         ),
+        claim=next(f.key for f in schema.functions if f.name == n.claim),
     )
 
 

@@ -112,8 +112,10 @@ def app_writes(machine: Machine, n: Names) -> tuple[str, str]:
     # every other due time); nothing else of it is the application's to write.
     caps += ["due_at"] if any(t.kind == "due_at" for t in machine.timers.values()) else []
     logged = [n.sql.id_column, "version", "from_state", "event", "to_state", "actor", "payload"]
+    # 1.2: the row's own data is the application's to write, at insert and after.
+    data = [str(c.name) for c in machine.postgres.columns]
     return (
-        f"INSERT ({', '.join(['id', 'state', *caps])}), UPDATE ({', '.join(['state', 'state_version', *counts])})",
+        f"INSERT ({', '.join(['id', 'state', *caps, *data])}), UPDATE ({', '.join(['state', 'state_version', *counts, *data])})",
         f"INSERT ({', '.join(logged)})",
     )
 

@@ -38,6 +38,7 @@ class Names:
     purge_tickets: str
     purge_tickets_pkey: str
     claim_index: str
+    claim_by_index: str  # 1.2: the claimable rows by the columns a claim may be limited to
     due_index: str  # 1.2: the timed states' rows by due time, which a claim of a timed event reads
     purge_index: str
     digest: str
@@ -92,6 +93,7 @@ class Names:
             purge_tickets=sql_name(m, "purge_tickets"),
             purge_tickets_pkey=sql_name(m, "purge_tickets", "pkey"),
             claim_index=sql_name(table, "claim_idx"),
+            claim_by_index=sql_name(table, "claim_by_idx"),
             due_index=sql_name(table, "due_idx"),
             purge_index=sql_name(table, "purge_idx"),
             digest=sql_name(m, "fsmc_digest"),
