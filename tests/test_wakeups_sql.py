@@ -252,9 +252,46 @@ def test_a_full_limited_state_puts_the_waiter_to_sleep_instead_of_spinning(queue
 
 
 def test_the_question_reads_the_claim_and_due_indexes(queue: Scratch) -> None:
+    """Over 5,000 jobs scheduled for later and one available (in queue emails): the question about fetch
+    reads a claim index (the one led by queue when a queue is given), the one about
+    retry the due index; none scans the table."""
     db = queue
-    enqueue(db)
-    fetch = "\n".join(nested_plans(db, db.q("SELECT queue_claimable_in('fetch')")))
-    retry = "\n".join(nested_plans(db, db.q("SELECT queue_claimable_in('retry')")))
-    assert "queue_jobs_claim_idx" in fetch and "Seq Scan" not in fetch, fetch
-    assert "queue_jobs_due_idx" in retry and "Seq Scan" not in retry, retry
+    with db.connect() as app:
+        app.execute(db.q("INSERT INTO {table} (state, due_at) SELECT 'scheduled', now() + interval '1 day'"
+                         " FROM generate_series(1, 5000)"))  # fmt: skip
+        app.execute(db.q("INSERT INTO {table} (queue) VALUES ('emails')"))
+        app.commit()
+    db.as_owner("ANALYZE {table}")
+    plans = {
+        question: "\n".join(nested_plans(db, db.q(f"SELECT queue_claimable_in({question})")))
+        for question in ("'fetch'", "'fetch', 'emails'", "'retry'")
+    }
+    # (a bitmap scan and a sort of the one available row, or the index in its order)
+    def reads(index: str, plan: str) -> bool:
+        return f"Scan using {index}" in plan or f"Index Scan on {index}" in plan
+
+    assert reads("queue_jobs_claim", plans["'fetch'"]), plans["'fetch'"]
+    assert reads("queue_jobs_claim_by_idx", plans["'fetch', 'emails'"]), plans["'fetch', 'emails'"]
+    assert reads("queue_jobs_due_idx", plans["'retry'"]), plans["'retry'"]
+    assert not any("Seq Scan on queue_jobs" in plan for plan in plans.values()), plans
+
+
+def test_a_waiter_for_one_queue_sleeps_through_another_queues_jobs(queue: Scratch, fsm: ModuleType) -> None:
+    """claim() may be limited to a queue (postgres.claim.by), and so may the wait: a job
+    of another queue wakes the waiter only to ask again (the payload names no queue),
+    and it sleeps on; a job of its own queue wakes it."""
+    db = queue
+    with db.connect(autocommit=True) as worker, db.connect(autocommit=True) as producer:
+        result: list[bool] = []
+        waiter = threading.Thread(target=lambda: result.append(
+            fsm.wait_for(worker, "fetch", timeout=10, queue="emails", schema=db.schema)))  # fmt: skip
+        waiter.start()
+        listening(db, worker)
+        fsm.create(producer, queue="reports", schema=db.schema)
+        time.sleep(0.3)
+        assert result == [] and waiter.is_alive()
+        listening(db, worker)  # asleep again, after asking
+        fsm.create(producer, queue="emails", schema=db.schema)
+        waiter.join(10)
+        assert result == [True]
+        assert [r.queue for r in fsm.claim(worker, "fetch", actor="w", queue="emails", schema=db.schema)] == ["emails"]

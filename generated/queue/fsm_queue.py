@@ -1175,7 +1175,7 @@ def _wake_sql(schema: str) -> tuple[str, str]:
     s = '"' + schema.replace('"', '""').replace("%", "%%") + '"'
     return (
         'LISTEN "' + wake_channel(schema) + '"',
-        "SELECT " + s + ".queue_claimable_in(%s::pg_catalog.text)",
+        "SELECT " + s + ".queue_claimable_in(%s::pg_catalog.text, %s::pg_catalog.text)",
     )
 
 
@@ -1205,7 +1205,12 @@ def _seconds(row: typing.Any) -> float | None:
 
 
 def wait_for(
-    conn: ListeningConnection, event: Event | EventName, *, timeout: float, schema: str = SCHEMA
+    conn: ListeningConnection,
+    event: Event | EventName,
+    *,
+    timeout: float,
+    queue: str | None = None,
+    schema: str = SCHEMA,
 ) -> bool:
     """Sleep until a row may be claimable by `event` (one of NOTIFIED), for at most
     `timeout` seconds: True when there may be work (claim it: another worker may have
@@ -1216,6 +1221,7 @@ def wait_for(
     claimable (queue_claimable_in): a row committed before the LISTEN is seen
     there, one committed after it sends a notification, so no wake-up is lost. For a
     timed event it also wakes when the earliest row in its sources falls due.
+    Given queue, as claim() is, it waits for such rows only.
 
     Needs a connection outside any transaction (ValueError otherwise): autocommit, or
     idle, where it commits its own LISTEN and question (nothing else is open). It keeps
@@ -1235,7 +1241,7 @@ def wait_for(
         while True:
             for _stale in conn.notifies(timeout=0):
                 pass  # sent before the question below, which sees their rows
-            cursor.execute(question, (checked.value,))
+            cursor.execute(question, (checked.value, queue))
             seconds = _seconds(cursor.fetchone())
             if not conn.autocommit:
                 conn.commit()
@@ -1253,17 +1259,24 @@ def wait_for(
                 notes.close()
             if entered is None:
                 return until < deadline  # a row fell due: there may be work
-            if entered in at_once:
+            if entered in at_once and queue is None:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            # A row entered a timed source: it may fall due before the others. Ask again.
+            # A row entered a timed source: it may fall due before the others; or
+            # one entered a source, in the queue asked for or not (the notification
+            # does not say). Ask again.
     finally:
         cursor.close()
 
 
 async def await_for(
-    conn: AsyncListeningConnection, event: Event | EventName, *, timeout: float, schema: str = SCHEMA
+    conn: AsyncListeningConnection,
+    event: Event | EventName,
+    *,
+    timeout: float,
+    queue: str | None = None,
+    schema: str = SCHEMA,
 ) -> bool:
     """`wait_for()` on an asyncio connection (psycopg's `AsyncConnection`)."""
     checked, at_once, timed = _waking(event, conn.info.transaction_status, "await_for")
@@ -1278,7 +1291,7 @@ async def await_for(
         while True:
             async for _stale in conn.notifies(timeout=0):
                 pass  # sent before the question below, which sees their rows
-            await cursor.execute(question, (checked.value,))
+            await cursor.execute(question, (checked.value, queue))
             seconds = _seconds(await cursor.fetchone())
             if not conn.autocommit:
                 await conn.commit()
@@ -1298,10 +1311,12 @@ async def await_for(
                 await notes.aclose()
             if entered is None:
                 return until < deadline  # a row fell due: there may be work
-            if entered in at_once:
+            if entered in at_once and queue is None:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            # A row entered a timed source: it may fall due before the others. Ask again.
+            # A row entered a timed source: it may fall due before the others; or
+            # one entered a source, in the queue asked for or not (the notification
+            # does not say). Ask again.
     finally:
         await cursor.close()

@@ -1236,7 +1236,7 @@ $fsmc$;
 -- place of a limited state the event moves rows into is taken). The module's
 -- wait_for() reads it after its LISTEN, so a row committed before then is never
 -- missed. The claim's own predicates, read through the claim's and the due indexes.
-CREATE FUNCTION queue_claimable_in(event text) RETURNS double precision
+CREATE FUNCTION queue_claimable_in(event text, queue text DEFAULT NULL) RETURNS double precision
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
@@ -1250,25 +1250,55 @@ BEGIN
                    WHERE NOT EXISTS (SELECT FROM queue_limits AS l WHERE l.state = f.state AND l.holder IS NULL)) THEN
             RETURN NULL;
         END IF;
-        PERFORM FROM queue_jobs AS t
-        WHERE t.state IN ('available', 'scheduled', 'retryable', 'completed', 'cancelled', 'discarded') AND t.state = ANY ('{"available"}'::text[])
-          AND (t.fetch_count < t.fetch_cap)
-        ORDER BY t.entered_at
-        LIMIT 1;
-        IF FOUND THEN
-            RETURN 0;
+        -- Limited to the given queue, as a claim is: a statement of its own,
+        -- reading the index led by that column.
+        IF queue_claimable_in.queue IS NULL THEN
+            PERFORM FROM queue_jobs AS t
+            WHERE t.state IN ('available', 'scheduled', 'retryable', 'completed', 'cancelled', 'discarded') AND t.state = ANY ('{"available"}'::text[])
+              AND (t.fetch_count < t.fetch_cap)
+            ORDER BY t.priority, t.entered_at
+            LIMIT 1;
+            IF FOUND THEN
+                RETURN 0;
+            END IF;
+            RETURN NULL;
+        ELSE
+            PERFORM FROM queue_jobs AS t
+            WHERE t.state IN ('available', 'scheduled', 'retryable', 'completed', 'cancelled', 'discarded') AND t.state = ANY ('{"available"}'::text[])
+              AND t.queue OPERATOR(pg_catalog.=) queue_claimable_in.queue
+              AND (t.fetch_count < t.fetch_cap)
+            ORDER BY t.priority, t.entered_at
+            LIMIT 1;
+            IF FOUND THEN
+                RETURN 0;
+            END IF;
+            RETURN NULL;
         END IF;
-        RETURN NULL;
     ELSIF v_event = 'retry' THEN
-        SELECT t.due_at INTO v_due
-        FROM queue_jobs AS t
-        WHERE t.state IN ('scheduled', 'retryable') AND t.state = ANY ('{"retryable"}'::text[])
-          AND (t.retry_count < 1000)
-        ORDER BY t.due_at
-        LIMIT 1;
-        -- NULL when no row waits (GREATEST would skip the NULL and say 0).
-        RETURN CASE WHEN v_due IS NOT NULL
-                    THEN GREATEST(0::pg_catalog.float8, pg_catalog.date_part('epoch', v_due OPERATOR(pg_catalog.-) pg_catalog.now())) END;
+        -- Limited to the given queue, as a claim is: a statement of its own,
+        -- reading the index led by that column.
+        IF queue_claimable_in.queue IS NULL THEN
+            SELECT t.due_at INTO v_due
+            FROM queue_jobs AS t
+            WHERE t.state IN ('scheduled', 'retryable') AND t.state = ANY ('{"retryable"}'::text[])
+              AND (t.retry_count < 1000)
+            ORDER BY t.due_at
+            LIMIT 1;
+            -- NULL when no row waits (GREATEST would skip the NULL and say 0).
+            RETURN CASE WHEN v_due IS NOT NULL
+                        THEN GREATEST(0::pg_catalog.float8, pg_catalog.date_part('epoch', v_due OPERATOR(pg_catalog.-) pg_catalog.now())) END;
+        ELSE
+            SELECT t.due_at INTO v_due
+            FROM queue_jobs AS t
+            WHERE t.state IN ('scheduled', 'retryable') AND t.state = ANY ('{"retryable"}'::text[])
+              AND t.queue OPERATOR(pg_catalog.=) queue_claimable_in.queue
+              AND (t.retry_count < 1000)
+            ORDER BY t.due_at
+            LIMIT 1;
+            -- NULL when no row waits (GREATEST would skip the NULL and say 0).
+            RETURN CASE WHEN v_due IS NOT NULL
+                        THEN GREATEST(0::pg_catalog.float8, pg_catalog.date_part('epoch', v_due OPERATOR(pg_catalog.-) pg_catalog.now())) END;
+        END IF;
     END IF;
     RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
         MESSAGE = pg_catalog.format('queue_claimable_in: event "%s" sends no wake-ups (postgres.notify)', v_event),

@@ -265,6 +265,10 @@ class WakeContext:
     channel: str  # the installation's channel, an SQL expression over TG_TABLE_SCHEMA
     events: list[WakeEvent]
     notified: str  # the events that notify, as a message lists them
+    # 1.2's `postgres.claim.by`: (column, `_claimable_in`'s parameter), as a claim is
+    # limited (NULL: any), and the ORDER BY of the claim index an untimed event reads
+    by: list[tuple[str, str]]
+    order: str
 
 
 @dataclass(frozen=True)
@@ -509,8 +513,10 @@ def build(machine: Machine) -> Build:
     if c.waking is not None:
         # The caller's: sending a notification needs no privilege.
         trigger_function(names.notify, "notify", comment=comments.NOTIFY)
-        function(names.claimable_in, Parameter("event", "text"), returns="double precision",
-                 body=body("claimable_in"), settings=_SEQSCAN_OFF, comment=comments.CLAIMABLE_IN)  # fmt: skip
+        function(names.claimable_in, Parameter("event", "text"),
+                 *(Parameter(str(name), columns.TYPES[declared_types[name]].sql, "NULL") for name in m.postgres.claim_by),
+                 returns="double precision", body=body("claimable_in"), settings=_SEQSCAN_OFF,
+                 comment=comments.CLAIMABLE_IN)  # fmt: skip
 
     born_elsewhere = " OR ".join(
         [
@@ -646,7 +652,7 @@ def limits_table(m: Machine, n: Quoted, id_type: str) -> Table:
     )
 
 
-def wake_context(m: Machine, claimable: list[str], limits: LimitsContext | None) -> WakeContext | None:
+def wake_context(m: Machine, n: Quoted, claimable: list[str], limits: LimitsContext | None) -> WakeContext | None:
     if not m.notified:
         return None
     limited = dict(limits.claim_targets) if limits is not None else {}
@@ -665,6 +671,8 @@ def wake_context(m: Machine, claimable: list[str], limits: LimitsContext | None)
         channel=wake_channel_sql(str(m.name), "TG_TABLE_SCHEMA::pg_catalog.text"),
         events=events,
         notified=", ".join(m.notified),
+        by=[(str(c), f"{n.claimable_in}.{c}") for c in m.postgres.claim_by],
+        order=", ".join(f"t.{c}" for c in claim_key(m)),
     )
 
 
@@ -795,7 +803,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         timing=timing_context(m),
         digest=machine_digest(m),
         limits=limits_context(m),
-        waking=wake_context(m, claimable, limits_context(m)),
+        waking=wake_context(m, n, claimable, limits_context(m)),
         caps=[
             CapContext(
                 event=event,
