@@ -1402,7 +1402,9 @@ EXECUTE FUNCTION queue_count_limits();
 -- A row trigger whose WHEN clause holds the states a listed event takes rows from:
 -- every other write (a heartbeat, a move elsewhere) never reaches the function, and a
 -- statement trigger would need a transition table, which holds every row the
--- statement writes, heartbeats included.
+-- statement writes, heartbeats included. The WHEN clause is rebuilt for every
+-- statement that sets state, so it holds the list and nothing else (a move that stays
+-- in such a state sends a wake-up too: one more claim that may find nothing).
 CREATE TRIGGER queue_notify_insert AFTER INSERT ON queue_jobs
 FOR EACH ROW
 WHEN (NEW.state = ANY ('{"available","retryable"}'::text[]))
@@ -1410,7 +1412,7 @@ EXECUTE FUNCTION queue_notify();
 
 CREATE TRIGGER queue_notify_update AFTER UPDATE OF state ON queue_jobs
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state AND NEW.state = ANY ('{"available","retryable"}'::text[]))
+WHEN (NEW.state = ANY ('{"available","retryable"}'::text[]))
 EXECUTE FUNCTION queue_notify();
 
 -- The writer role gets what the functions need, then the functions that move rows.

@@ -567,7 +567,7 @@ def build(machine: Machine) -> Build:
             Trigger(n.notify_insert, n.table, "AFTER", "INSERT", n.notify, when=entered,
                     comment=comments.NOTIFY_TRIGGERS),  # fmt: skip
             Trigger(n.notify_update, n.table, "AFTER", "UPDATE OF state", n.notify,
-                    when=f"OLD.state IS DISTINCT FROM NEW.state AND {entered}"),  # fmt: skip
+                    when=entered),  # fmt: skip
         )
     schema = Schema(tables, indexes, tuple(f for _, f in functions), triggers, views, domains)
     every = (*dict.fromkeys(raw for raw, _ in functions), names.writer)

@@ -132,7 +132,9 @@ NOTIFY_TRIGGERS = (
     "A row trigger whose WHEN clause holds the states a listed event takes rows from:",
     "every other write (a heartbeat, a move elsewhere) never reaches the function, and a",
     "statement trigger would need a transition table, which holds every row the",
-    "statement writes, heartbeats included.",
+    "statement writes, heartbeats included. The WHEN clause is rebuilt for every",
+    "statement that sets state, so it holds the list and nothing else (a move that stays",
+    "in such a state sends a wake-up too: one more claim that may find nothing).",
 )
 CLAIMABLE_IN = (
     "In how many seconds a row is next claimable by a listed event: 0 when one is now,",
