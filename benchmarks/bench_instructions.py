@@ -1,6 +1,7 @@
 """Instructions per transition, counted by valgrind: where `job_apply`'s cost goes (issue 13).
 
-Run: `python benchmarks/bench_instructions.py [--transactions N] [--top K]`. Needs
+Run: `python benchmarks/bench_instructions.py [--transactions N] [--top K]
+[--writer-role]`. Needs
 valgrind, PostgreSQL's server binaries (`$FSMC_PG_BINDIR`, else `pg_config
 --bindir`, else the newest /usr/lib/postgresql/*/bin) and pgbench. Takes a few
 minutes; nothing here touches the PostgreSQL on $FSMC_PG_DSN.
@@ -22,6 +23,11 @@ backends' totals over 5N, which cancels connecting, authenticating and warming t
 caches. The same difference, function by function (callgrind_annotate, inclusive),
 is the profile printed for `job_apply` as built.
 
+`--writer-role` measures only `job_apply`, as built with its writer role beside built
+with `postgres.writer_role: false` (issue 23: no role, every write checked, the
+functions' own included), and the unchecked function, in one cluster: the cost of
+installing where nobody can create a role, with the same profile lines for both.
+
 Instructions are not time: a cache miss or a system call (the commit's fdatasync)
 costs the same count whatever it waits for. The figures say what the server's CPU
 is asked to do, which is what enforcement adds; the timed benchmarks say what that
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import glob
 import os
 import re
@@ -53,6 +60,8 @@ import bench_db  # noqa: E402
 import bench_enforcement  # noqa: E402
 import psycopg  # noqa: E402
 from psycopg import conninfo  # noqa: E402
+
+from fsmc.model import Machine  # noqa: E402
 
 PATHS = (("as built", "apply"), ("unchecked function", "function"), ("raw statement", "raw"),
          ("seed's path", "seed"))  # fmt: skip
@@ -238,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=12, help="functions of the profile to print")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="copy the callgrind files of job_apply's two runs here (for callgrind_annotate)")
+    parser.add_argument("--writer-role", action="store_true",
+                        help="only job_apply, with its writer role and without one (postgres.writer_role: false)")
     args = parser.parse_args(argv)
     for tool in ("valgrind", "callgrind_annotate"):
         if shutil.which(tool) is None:
@@ -254,6 +265,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f" {bench_db.machine_line()}; {args.transactions} and {6 * args.transactions}"
                   f" transactions per path, one pgbench client, synchronous_commit=on\n")  # fmt: skip
             runner = Runner(cluster, folder, pgbench)
+            if args.writer_role:
+                modes = {label: f"fsmc_ins_{i}" for i, label in enumerate(MODES)}
+                for label, machine in MODES.items():
+                    bench_db.setup(cluster.dsn, modes[label], machine)
+                report_modes(runner, modes, args)
+                return 0
             variants = dict(bench_enforcement.VARIANTS)
             schemas = {name: f"fsmc_ins_{i}" for i, name in enumerate(variants)}
             for name, statements in variants.items():
@@ -311,6 +328,44 @@ def report(runner: Runner, schemas: dict[str, str], args: argparse.Namespace) ->
           " (a hex address is a function the binary does not export):")  # fmt: skip
     for name, count in top:
         print(f"  {name:<40}{count:>10,.0f}{count / per['as built']:>6.1%}")
+
+
+def without_writer_role(machine: Machine) -> Machine:
+    """`machine` as if its spec said `postgres: {writer_role: false}`."""
+    return dataclasses.replace(machine, postgres=dataclasses.replace(machine.postgres, writer_role=False))
+
+
+# --writer-role: job_apply installed each way (the owner bench_db makes may create roles;
+# without a writer role it makes none).
+MODES: dict[str, Machine] = {"writer role": bench_db.JOB, "no writer role": without_writer_role(bench_db.JOB)}
+
+
+def report_modes(runner: Runner, schemas: dict[str, str], args: argparse.Namespace) -> None:
+    """job_apply with its writer role and without, the unchecked function as the floor,
+    and where each spends its instructions (SPOTLIGHT)."""
+    n = args.transactions
+    per: dict[str, float] = {}
+    files: dict[str, tuple[Path, Path]] = {}
+    runs = [(f"job_apply, {label}", schemas[label], "apply") for label in MODES]
+    runs.append(("unchecked function", schemas["writer role"], "function"))
+    runs += [(f"a heartbeat, {label}", schemas[label], HEARTBEAT) for label in MODES]
+    for label, schema, method in runs:
+        per[label], short, long = runner.per_transition(schema, method, n)
+        files[label] = (short, long)
+    base = per["job_apply, writer role"]
+    print(f"{'path':<32}{'instructions/transition':>26}{'vs writer role':>16}{'/ unchecked':>13}")
+    for label, _, method in runs:
+        if method == HEARTBEAT:
+            print(f"{label:<32}{per[label]:>26,.0f}{per[label] / per['a heartbeat, writer role'] - 1:>+15.1%}")
+            continue
+        print(f"{label:<32}{per[label]:>26,.0f}{per[label] / base - 1:>+15.1%}"
+              f"{per[label] / per['unchecked function']:>12.2f}x")  # fmt: skip
+    moves = [label for label, _, method in runs if method != HEARTBEAT]
+    counts = {label: tuple(per_function(f, inclusive=True) for f in files[label]) for label in moves}
+    print(f"\nWhere they go, per transition (inclusive, {5 * n} transitions): " + ", ".join(moves))
+    for name, what in SPOTLIGHT:
+        each = [(many.get(name, 0) - few.get(name, 0)) / (5 * n) for few, many in counts.values()]
+        print(f"  {name:<26}" + "".join(f"{v:>10,.0f}" for v in each) + f"  {what}")
 
 
 @contextlib.contextmanager

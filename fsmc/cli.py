@@ -99,6 +99,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         action="store_true",
         help="write nothing; exit 1 and print a diff if any generated file is stale",
     )
+    build.add_argument(
+        "--typescript",
+        action="store_true",
+        help="also generate fsm_<machine>.ts and its node:test suite fsm_<machine>.test.ts",
+    )
     build.set_defaults(run=_build)
 
     graph = sub.add_parser("graph", help="print the state diagram")
@@ -168,10 +173,14 @@ def _check(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from fsmc import output, source
-    from fsmc.targets import generate
+    from fsmc.pipeline import Checked
+    from fsmc.targets import OPTIONAL_SUFFIXES, generate, typescript
 
     specs = list(dict.fromkeys(args.specs))  # overlapping globs name a spec twice
     results = [_checked(arg) for arg in specs]
+    if args.typescript:  # what that target cannot generate is an error of the spec's, for this build
+        results = [Checked(r.machine, r.diagnostics + typescript.problems(r.machine)) if r.ok() else r
+                   for r in results]  # fmt: skip
     _print_diagnostics([d for r in results for d in r.diagnostics], args.format)
     if not all(r.ok() for r in results):
         print("fsmc: nothing written: the specs have errors", file=sys.stderr)
@@ -189,7 +198,7 @@ def _build(args: argparse.Namespace) -> int:
                 f"{owners[machine.name]} and {arg} both define machine '{machine.name}'"
             )
         owners[machine.name] = arg
-        generated = generate(machine)
+        generated = generate(machine, typescript=args.typescript)
         for warning in generated.warnings:
             print(f"fsmc: warning: {warning}", file=sys.stderr)
         files.update(generated.files)
@@ -197,6 +206,12 @@ def _build(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise Trouble(f"{out}: not a directory")
+    left_alone = () if args.typescript else OPTIONAL_SUFFIXES["typescript"]
+    kept = output.not_rebuilt(out, files, left_alone)
+    if kept:  # one line: a repository that keeps TypeScript output has it in every folder
+        folders = ", ".join(dict.fromkeys((out / rel).parent.as_posix() for rel in kept))
+        print(f"fsmc: warning: the TypeScript files in {folders} are left as they were: pass "
+              "--typescript to rebuild (or check) them", file=sys.stderr)  # fmt: skip
     roots = [source.spec_root(arg) for arg in specs]
     for folder in output.abandoned(out, files, spec_paths, roots):
         print(
@@ -205,7 +220,7 @@ def _build(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.check:
-        stale = output.compare(out, files, spec_paths)
+        stale = output.compare(out, files, spec_paths, left_alone)
         if stale.current:
             return EXIT_OK
         # The diff is for people; with --format json or github stdout stays parseable.
@@ -220,7 +235,7 @@ def _build(args: argparse.Namespace) -> int:
         print("fsmc: generated files are out of date; run fsmc build", file=sys.stderr)
         return EXIT_ERRORS
     try:
-        output.write(out, files, spec_paths)
+        output.write(out, files, spec_paths, left_alone)
     except OSError as exc:
         raise Trouble(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     return EXIT_OK
@@ -336,12 +351,19 @@ def _roles(args: argparse.Namespace) -> int:
     schema = args.schema or m.postgres.schema
     writer, owner = sql_ident(writer_role(str(m.name), args.database, schema)), sql_ident(args.owner)
     sql_file = Paths.of(m).sql.rsplit("/", 1)[-1]
+    if m.postgres.writer_role:
+        administrator = [
+            "-- 1. An administrator, before the install (an owner that may create roles does this itself):",
+            f"CREATE ROLE {writer} NOLOGIN;",
+            f"GRANT {writer} TO {owner};",
+        ]
+    else:
+        administrator = ["-- 1. Nothing: postgres.writer_role is false, so no role is made or needed"
+                         " (every write is checked)."]  # fmt: skip
     # The names the user gave reach the comments escaped (a line break would end one).
     lines = [
         f"-- The {m.name} machine in schema {sql_comment(schema)} of database {sql_comment(args.database)}: its roles.",
-        "-- 1. An administrator, before the install (an owner that may create roles does this itself):",
-        f"CREATE ROLE {writer} NOLOGIN;",
-        f"GRANT {writer} TO {owner};",
+        *administrator,
         f"-- 2. {sql_comment(args.owner)} installs it: PGOPTIONS='-c search_path={sql_comment(schema)}'"
         f" psql -v ON_ERROR_STOP=1 -1 -f {sql_file}",
         f"-- 3. {sql_comment(args.owner)} grants the application's role what it needs, and nothing more:",

@@ -21,8 +21,12 @@ import json
 import keyword
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fsmc.escape import py_str, sql_str
+from fsmc.escape import py_str, sql_line_str
+
+if TYPE_CHECKING:
+    from fsmc.model import DeclaredColumn
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,27 @@ TYPES: dict[str, ColumnType] = {
     "date": ColumnType("date", "pg_catalog.date", "datetime.date", None),
     "uuid": ColumnType("uuid", "pg_catalog.uuid", "uuid.UUID", None),
     "bytea": ColumnType("bytea", "pg_catalog.bytea", "bytes", None),
+}
+
+# The types a column's values may be given in place: what `ALTER COLUMN ... TYPE new
+# USING column::new` can do, PostgreSQL's explicit casts among these types (text takes
+# any other through its input function, and any other gives text; a test holds this
+# table to the server's). `fsmc migrate` refuses any other change of type: the script
+# could only fail.
+_NUMBERS = frozenset({"smallint", "integer", "bigint", "double precision", "numeric"})
+CONVERTS: dict[str, frozenset[str]] = {
+    "text": frozenset(TYPES) - {"text"},
+    "jsonb": _NUMBERS | {"text", "boolean"},
+    "boolean": frozenset({"text", "integer"}),
+    "smallint": _NUMBERS - {"smallint"} | {"text"},
+    "integer": _NUMBERS - {"integer"} | {"text", "boolean"},
+    "bigint": _NUMBERS - {"bigint"} | {"text"},
+    "double precision": _NUMBERS - {"double precision"} | {"text"},
+    "numeric": _NUMBERS - {"numeric"} | {"text"},
+    "timestamptz": frozenset({"text", "date"}),
+    "date": frozenset({"text", "timestamptz"}),
+    "uuid": frozenset({"text"}),
+    "bytea": frozenset({"text"}),
 }
 
 # Names a declared column cannot take, whatever the spec: the columns fsmc owns (some
@@ -128,14 +153,24 @@ def null_problem(nullable: bool, has_default: bool) -> str | None:
 
 
 def sql_default(kind: ColumnType, value: object) -> str:
-    """The SQL expression of a default `default_problem` accepts."""
+    """The SQL expression of a default `default_problem` accepts: on one printable line
+    (`sql_line_str`), since `fsmc diff` and a migration's header show it."""
     if kind.default_kind == "bool":
         return "true" if value else "false"
     if kind.default_kind in ("int", "number"):
         return repr(value) if isinstance(value, float) else str(value)
     if kind.default_kind == "json":
-        return sql_str(json.dumps(value, sort_keys=True, ensure_ascii=False)) + "::jsonb"
-    return sql_str(str(value))
+        return sql_line_str(json.dumps(value, sort_keys=True, ensure_ascii=False)) + "::jsonb"
+    return sql_line_str(str(value))
+
+
+def sql_parts(column: DeclaredColumn) -> tuple[str, bool, str | None]:
+    """A declared column (of a type `TYPES` has) as its table declares it: its SQL type,
+    whether it is NOT NULL, and its default's SQL expression (None: none). What the
+    build creates, the digest records and `fsmc diff` compares, so the three agree on
+    when two declarations are one."""
+    kind = TYPES[column.type]
+    return kind.sql, not column.nullable, sql_default(kind, column.default) if column.has_default else None
 
 
 def python_default(kind: ColumnType, value: object) -> str:

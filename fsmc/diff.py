@@ -20,13 +20,18 @@ Descriptions are listed apart in `descriptions` and are never changes:
 they alter no behaviour. The lease and postgres options are compared too, as
 `options` (`fsmc migrate` acts on them, so a diff that called such a pair "the
 same" would hide a schema change): each option by its effective value, defaults
-applied, so writing out a default is no change; caps are options `caps.<event>`.
+applied, so writing out a default is no change; caps are options `caps.<event>`, and
+1.2's declared columns options `postgres.columns.<name>`, each shown as its table
+declares it (`smallint NOT NULL DEFAULT 0`; `none` where a side has no such column)
+and compared by name, so reordering them is no change.
 
 Each change says whether it is `breaking`: removing a state, an event or a
 transition, retargeting, changing the initial state, making a state that OLD
 already had terminal, a choice losing a target or a single target becoming a
 choice, and adding or lowering a cap are breaking; additions, and a terminal that stops being one
-(it only gains transitions), are compatible.
+(it only gains transitions), are compatible. A declared column removed (its data is
+dropped, and code that reads it breaks), given another type, or made NOT NULL is
+breaking; one added, given another default, or allowed NULL is not.
 
 A change that is compatible for the database may still ask something of the rollout:
 `notes` says so, and is never a change. An added state is one: code built from OLD
@@ -34,7 +39,11 @@ cannot read a row in it (the old module's `get()` raises `ValueError: unknown jo
 state 'paused'`), so the new code goes out everywhere first and the migration after
 it (rows can enter the state only once the migration has run); where the same diff
 also needs the migration before the new code can read a row (a cap added, a table
-renamed), the state needs a release of its own first.
+renamed, a column added), the state needs a release of its own first. A declared
+column asks the same of the rollout either way round, since each module reads the
+columns it names: one added needs the migration before the new code (whose get() and
+claim() read it), and code built from OLD runs on the migrated table unchanged; one
+removed needs the new code everywhere before the migration drops it.
 
 Order is deterministic: added and retargeted items in NEW's spec order, removed
 items in OLD's spec order. `Changes.same` (no change, whatever the descriptions say)
@@ -47,7 +56,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from fsmc.model import Declaration, Machine, Timer
+from fsmc.model import Declaration, DeclaredColumn, Machine, Timer
+from fsmc.targets.postgres.build import declared_column
 
 K = TypeVar("K", str, tuple[str, str])
 
@@ -115,16 +125,19 @@ class Initial:
 @dataclass(frozen=True)
 class Option:
     """A lease, postgres or caps option whose effective value changed (None: no
-    lease, no cap).
+    lease, no cap, no such column).
 
     Adding a lease where there was none is compatible (columns and functions are
     added). A cap (`caps.<event>`, an int) added or lowered is breaking (rows that
     could still fire the event no longer can), raised or removed is not;
-    `postgres.notify` changes are compatible (`_COMPATIBLE`). Every other option
-    change is breaking: a table or id type that code and rows rely on moves, or the
-    heartbeat and reclaim contract changes."""
+    `postgres.notify` changes are compatible (`_COMPATIBLE`). A declared
+    column (`postgres.columns.<name>`) follows `_column_options`. Every other
+    option change is breaking: a table or id type that code and rows rely on moves,
+    the heartbeat and reclaim contract changes, or (1.2's `postgres.claim.order`)
+    which rows a claim takes first; columns added to `postgres.claim.by` alone are
+    compatible (claim() takes more keywords, each None unless given)."""
 
-    name: str  # lease.states, lease.reclaim, postgres.table, caps.retry, ...
+    name: str  # lease.states, lease.reclaim, postgres.table, postgres.columns.args, caps.retry, ...
     old: str | int | None
     new: str | int | None
     breaking: bool
@@ -274,7 +287,7 @@ def compare(old: Machine, new: Machine) -> Changes:
         choices=_choices(old_table, new_table),
         options=options,
         descriptions=_descriptions(old, new),
-        notes=_added_state_note(str(new.name), added_states, options),
+        notes=_added_state_note(str(new.name), added_states, options) + _column_notes(options),
     )
 
 
@@ -298,7 +311,7 @@ def _added_state_note(
     first = [
         o.name
         for o in options
-        if (o.name.startswith("caps.") and o.old is None)
+        if (o.name.startswith(("caps.", COLUMNS)) and o.old is None)
         or o.name in ("postgres.table", "postgres.events_table")
     ]
     if first:
@@ -309,6 +322,33 @@ def _added_state_note(
             "own first"
         )
     return (Note("states.added", added, text),)
+
+
+def _column_notes(options: tuple[Option, ...]) -> tuple[Note, ...]:
+    """The rollout a declared column added or removed needs (see the module doc): each
+    module reads the columns it names, so a column must exist before the code that
+    reads it, and outlive the code that does."""
+    added = tuple(o.name.removeprefix(COLUMNS) for o in options if o.name.startswith(COLUMNS) and o.old is None)
+    removed = tuple(o.name.removeprefix(COLUMNS) for o in options if o.name.startswith(COLUMNS) and o.new is None)
+    out = []
+    if added:
+        one = len(added) == 1
+        out.append(Note("columns.added", added, (
+            f"the new code reads {'the new column' if one else 'the new columns'} {_listed(added, 'and')} "
+            "(its get() and claim() name every column): run the migration first, then roll out the new "
+            "code; code built from the old spec names only the columns it knows, so it keeps working "
+            f"on the migrated table, and rows it creates get {'the column' if one else 'each column'}'s "
+            "default (NULL without one)"
+        )))  # fmt: skip
+    if removed:
+        one = len(removed) == 1
+        out.append(Note("columns.removed", removed, (
+            f"code built from the old spec reads {'the column' if one else 'the columns'} "
+            f"{_listed(removed, 'and')} (its get() and claim() fail with UndefinedColumn once "
+            f"{'it is' if one else 'they are'} gone): roll out the new code everywhere first, then the "
+            f"migration, which drops {'it' if one else 'them'} with the data {'it holds' if one else 'they hold'}"
+        )))  # fmt: skip
+    return tuple(out)
 
 
 def _listed(names: tuple[str, ...], word: str) -> str:
@@ -363,6 +403,12 @@ def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
         "postgres.schema": (str(m.postgres.schema),) * 2,
         # The events that send wake-ups, a set; None without any.
         "postgres.notify": (", ".join(m.notified) or None, frozenset(m.notified)),
+        # 1.2: the columns a claim may be limited to (as listed: they key its index) and
+        # the one it takes the lowest of first
+        "postgres.claim.by": (", ".join(m.postgres.claim_by) or None,) * 2,
+        "postgres.claim.order": (None if m.postgres.claim_order is None else str(m.postgres.claim_order),) * 2,
+        # 1.2: a writer role or none: another installation, which `fsmc migrate` refuses
+        "postgres.writer_role": (str(m.postgres.writer_role).lower(),) * 2,
     }
     return out
 
@@ -377,11 +423,11 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
     before, after = _option_values(old), _option_values(new)
     gained_lease = old.lease is None and new.lease is not None
     options = [
-        Option(name, before[name][0], shown,
-               not (gained_lease and name.startswith("lease.")) and name not in _COMPATIBLE)  # fmt: skip
+        Option(name, before[name][0], shown, not (gained_lease and name.startswith("lease.")) and
+               not (name == "postgres.claim.by" and _more_by(old, new)) and name not in _COMPATIBLE)
         for name, (shown, key) in after.items()
         if before[name][1] != key
-    ]
+    ]  # fmt: skip
     options += _set_options(old, new)
     old_caps, new_caps = old.cap_limits, new.cap_limits
     for event in dict.fromkeys([*new_caps, *old_caps]):
@@ -391,12 +437,19 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
             lowered = now is not None and (was is None or now[0] < was[0] or now[1] < was[1])
             options.append(Option(f"caps.{event}", _shown(old, event), _shown(new, event), lowered))
     options += _budget_options(old, new)
+    options += _column_options(old, new)
     for state in dict.fromkeys([*new.state_limits, *old.state_limits]):
         had, has = old.state_limits.get(state), new.state_limits.get(state)
         if had != has:
             # Added or lowered: moves (and inserts) that passed may now be refused.
             options.append(Option(f"limits.{state}", had, has, has is not None and (had is None or has < had)))
     return tuple(options)
+
+
+def _more_by(old: Machine, new: Machine) -> bool:
+    """Whether NEW's claim may be limited to every column OLD's could, and more: a
+    column dropped from `claim.by` breaks the callers that pass it."""
+    return set(old.postgres.claim_by) <= set(new.postgres.claim_by)
 
 
 def _cap(m: Machine, event: str) -> tuple[int, int] | None:
@@ -434,6 +487,34 @@ def _budget_options(old: Machine, new: Machine) -> list[Option]:
             out.append(Option(f"{s}.{e}.reset", ", ".join(old.resets.get((s, e), ())) or None,
                               ", ".join(new.resets.get((s, e), ())) or None, bool(before - after)))  # fmt: skip
     return out
+
+
+COLUMNS = "postgres.columns."  # the options of 1.2's declared columns: postgres.columns.<name>
+
+
+def _column_options(old: Machine, new: Machine) -> list[Option]:
+    """1.2's declared columns, each by name, as its table declares it. Breaking: a
+    column removed (its data is dropped, and code reading it breaks), another type
+    (a value may not convert, and code reads values of the other type), and a column
+    that may no longer be NULL (code that stores NULL there is refused). Compatible: a
+    column added (code built from OLD names the columns it reads), another default,
+    and a column that may now be NULL."""
+    was = {str(c.name): c for c in old.postgres.columns}
+    now = {str(c.name): c for c in new.postgres.columns}
+    out: list[Option] = []
+    for name in dict.fromkeys([*now, *was]):
+        before, after = _declared_as(was.get(name)), _declared_as(now.get(name))
+        if before == after:
+            continue
+        a, b = was.get(name), now.get(name)
+        breaking = b is None or (a is not None and (a.type != b.type or (a.nullable and not b.nullable)))
+        out.append(Option(COLUMNS + name, before, after, breaking))
+    return out
+
+
+def _declared_as(column: DeclaredColumn | None) -> str | None:
+    """`smallint NOT NULL DEFAULT 0`: a declared column as the table declares it."""
+    return None if column is None else declared_column(column).declaration
 
 
 def _set_options(old: Machine, new: Machine) -> list[Option]:

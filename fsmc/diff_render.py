@@ -15,11 +15,15 @@
               (`about` names the change list the note is about: `states.added`)
 
 Text and Markdown list changes in one order (`rows`): states, events, terminals,
-the initial state, transitions added, removed and retargeted, choices, then options; JSON
+the initial state, transitions added, removed and retargeted, choices, then options
+(1.2's declared columns among them as rows of their own, added, removed or changed,
+each shown as its table declares it: `+ column  postgres.columns.priority (smallint
+NOT NULL DEFAULT 0)`; in JSON they are options like the others); JSON
 keys them by kind, in the same order within each list. Every format is
 deterministic. Names and option values are safe anywhere (state and event names
 match `^[a-z][a-z0-9_]*$`, table names `^[a-z_][a-z0-9_]*$`, id types come from a
-fixed set); descriptions are free text, so each reaches output through one
+fixed set, a declared column's default is a SQL literal on one printable line,
+`escape.sql_line_str`; Markdown still escapes its quotes and backslashes); descriptions are free text, so each reaches output through one
 escaper: a Python string literal in text (a spec cannot send escape sequences to a
 terminal), `md_text` in Markdown, JSON strings in JSON. Nothing here prints.
 """
@@ -29,7 +33,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from fsmc.diff import Changes, Edge, Names
+from fsmc.diff import COLUMNS, Changes, Edge, Names, Option
 from fsmc.escape import md_text, py_str
 from fsmc.targets.mermaid import state_ids
 from fsmc.templating import render as render_template
@@ -49,11 +53,12 @@ def render(changes: Changes, fmt: str, *, color: bool = False) -> str:
 class Row:
     """One change, as every format lists it."""
 
-    kind: str  # state, event, terminal, initial, transition, choice, option
+    kind: str  # state, event, terminal, initial, transition, choice, option, column
     action: str  # added, removed, changed, retargeted
     subject: str  # a name, or `from --event--> to`
     # What a reviewer needs besides: the old target or initial state, an option's
-    # `old -> new` values, or that an added terminal is an existing state.
+    # `old -> new` values, a column's declaration, or that an added terminal is an
+    # existing state.
     note: str | None
     breaking: bool
 
@@ -94,10 +99,20 @@ def rows(changes: Changes) -> list[Row]:
         for ch in c.choices
     ]
     out += [
-        Row("option", "changed", o.name, f"{_shown(o.old)} -> {_shown(o.new)}", o.breaking)
+        _column_row(o) if o.name.startswith(COLUMNS)
+        else Row("option", "changed", o.name, f"{_shown(o.old)} -> {_shown(o.new)}", o.breaking)
         for o in c.options
-    ]
+    ]  # fmt: skip
     return out
+
+
+def _column_row(o: Option) -> Row:
+    """A declared column added (its declaration), removed (what it was), or changed."""
+    if o.old is None:
+        return Row("column", "added", o.name, str(o.new), o.breaking)
+    if o.new is None:
+        return Row("column", "removed", o.name, f"was {o.old}", o.breaking)
+    return Row("column", "changed", o.name, f"{o.old} -> {o.new}", o.breaking)
 
 
 def _targets(targets: tuple[str, ...]) -> str:

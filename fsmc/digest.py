@@ -5,9 +5,11 @@ exactly the facts the generated schema is built from: the machine's name, its
 states, events, terminals, initial state, transitions, lease (states and reclaim
 event), caps (language 1.1; absent when there are none), the further initial states
 and the purgeable states, the caps per row, the otherwise and reset of each transition,
-the limits (language 1.2; each absent unless the spec uses it), PostgreSQL
-options (table, events table, id type, defaults resolved) and the events that
-notify (`postgres.notify`, absent unless the spec uses it).
+the limits, the declared columns by name, each as its table declares it, and
+what a claim may be limited to and ordered by (language 1.2; each absent unless the
+spec uses it) and PostgreSQL options (table, events
+table, id type, defaults resolved; 1.2's `writer_role` only when false), and the
+events that notify (`postgres.notify`, absent unless the spec uses it).
 Descriptions, comments, key order, list order, YAML style and `from:` lists versus
 one transition per source leave it unchanged; any change to one of those facts
 changes it. Sets are sorted, since no order among states, events or transitions
@@ -36,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from fsmc.columns import sql_parts
 from fsmc.model import Machine
 
 # Bump when the canonical document changes shape, so old and new digests never meet.
@@ -82,6 +85,17 @@ def canonical(machine: Machine) -> str:
         facts["resets"] = sorted([s, e, sorted(events)] for (s, e), events in m.resets.items())
     if m.timers:
         facts["timers"] = sorted([s, e, t.kind, t.ms, t.factor, t.most_ms] for (s, e), t in m.timers.items())
+    if m.postgres.columns:
+        # By name: their order changes no statement (the module names what it reads).
+        facts["columns"] = {str(c.name): list(sql_parts(c)) for c in m.postgres.columns}
+    if m.postgres.claim_by or m.postgres.claim_order is not None:
+        # In order: the claim index is keyed on the `by` columns as listed.
+        order = m.postgres.claim_order
+        facts["claim"] = {"by": [str(c) for c in m.postgres.claim_by], "order": None if order is None else str(order)}
+    if not m.postgres.writer_role:
+        # Every write checked, no writer role: another database, which `fsmc migrate`
+        # must not take for one built with a writer (absent otherwise, so digests stay).
+        facts["writer_role"] = False
     if m.notified:
         facts["notify"] = sorted(m.notified)
     return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)

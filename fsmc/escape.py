@@ -1,12 +1,12 @@
 """Escape: one function per target language for every value that reaches generated code.
 
-Two kinds. The literal and identifier functions (`py_str`, `sql_str`,
+Two kinds. The literal and identifier functions (`py_str`, `ts_str`, `sql_str`, `sql_line_str`,
 `sql_text_array`, `sql_ident`) return text whose meaning in the target is exactly
 the input, whatever it holds: quotes, backslashes, newlines, `*/`, `--`, `$$`,
 `{{ }}`, `%%`, non-ASCII. The SQL ones raise ValueError for what PostgreSQL cannot
 hold (NUL; an identifier over 63 bytes), which the schema stage refuses earlier.
 
-The one-line functions (`py_comment`, `sql_comment`, `mermaid_comment`,
+The one-line functions (`py_comment`, `ts_comment`, `sql_comment`, `mermaid_comment`,
 `html_comment`, `md_text`, `dot_id`) first `fold` the text, because comments, table
 cells and labels cannot hold a line break: every run of whitespace and
 non-printable characters becomes one space. Then each keeps the rest from ending
@@ -59,14 +59,19 @@ def py_str(text: str) -> str:
         elif ch.isprintable():
             out.append(ch)
         else:
-            code = ord(ch)
-            if code < 0x100:
-                out.append(f"\\x{code:02x}")
-            elif code < 0x10000:
-                out.append(f"\\u{code:04x}")
-            else:
-                out.append(f"\\U{code:08x}")
+            out.append(_code_escape(ch, 0x100))
     return '"' + "".join(out) + '"'
+
+
+def _code_escape(ch: str, x_below: int) -> str:
+    """`ch` as the escape of its code point that a Python literal and PostgreSQL's
+    E'...' both read: `\\xHH` below `x_below`, otherwise `\\uXXXX` or `\\UXXXXXXXX`."""
+    code = ord(ch)
+    if code < x_below:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
 
 
 def py_comment(text: str) -> str:
@@ -87,7 +92,59 @@ def sql_str(text: str) -> str:
     return "'" + quoted + "'"
 
 
+_SQL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}  # as an E'...' literal reads them
+
+
+def sql_line_str(text: str) -> str:
+    """A SQL string literal equal to `text` on one line of printable characters: `sql_str`'s
+    where `text` is printable, otherwise an E'...' literal writing each non-printable
+    character as an escape (`\\n`, `\\x1b`, `\\u202e`). For a value shown in a
+    line of its own (a declared column's default, which `fsmc diff` and a migration
+    script's header print), so that it can end no line and drive no terminal."""
+    if text.isprintable():
+        return sql_str(text)
+    if "\x00" in text:
+        raise ValueError("PostgreSQL text cannot hold NUL")  # the schema stage refuses NUL
+    out = []
+    for ch in text:
+        if ch == "'":
+            out.append("''")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        else:  # \xHH is a byte there: for ASCII only
+            out.append(_SQL_ESCAPES.get(ch) or _code_escape(ch, 0x80))
+    return "E'" + "".join(out) + "'"
+
+
 def sql_comment(text: str) -> str:
+    return fold(text)
+
+
+def ts_str(text: str) -> str:
+    """A double-quoted TypeScript (JavaScript) string literal equal to `text`: `\\` and
+    `"` backslash-escaped, and every character that is not printable (line breaks,
+    U+2028 and U+2029, which end a line in older engines, controls, lone surrogates)
+    written as a `\\u{...}` escape."""
+    if _PLAIN_ASCII.fullmatch(text):
+        return '"' + text + '"'
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(f"\\u{{{ord(ch):x}}}")
+    return '"' + "".join(out) + '"'
+
+
+def ts_comment(text: str) -> str:
+    """A `//` line comment's text: folded to one line (a TypeScript line comment also
+    ends at U+2028 and U+2029, which folding turns into spaces)."""
     return fold(text)
 
 

@@ -175,6 +175,9 @@ class Postgres:
     claim_order: Text | None = None
     # The events whose workers wait for a NOTIFY (`postgres.notify`), as written.
     notify: tuple[Text, ...] = ()
+    # 1.2's `writer_role: false`: no writer role, so every write is checked, the
+    # functions' own included (for hosts where nobody can create a role).
+    writer_role: bool = True
 
 
 @dataclass(frozen=True)
@@ -534,7 +537,8 @@ def _postgres(value: Any, machine: Text) -> Postgres:
     return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid", given,
                     schema if schema is not None else "public", _columns(options.get("columns")),
                     _names(claim.get("by")), _name(claim.get("order")),
-                    tuple(dict.fromkeys(_names(options.get("notify")))))  # fmt: skip
+                    tuple(dict.fromkeys(_names(options.get("notify")))),
+                    options.get("writer_role") is not False)  # fmt: skip
 
 
 def _columns(value: Any) -> tuple[DeclaredColumn, ...]:

@@ -75,7 +75,9 @@ def _candidates(out: Path) -> list[tuple[str, str, Path]]:
     return found
 
 
-def orphans(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset()) -> list[str]:
+def orphans(
+    out: Path, files: dict[str, str], specs: frozenset[str] = frozenset(), left_alone: tuple[str, ...] = ()
+) -> list[str]:
     """Files fsmc generated earlier in `out` that this build would not write.
 
     A file with fsmc's header is an orphan when it is in a machine folder this build
@@ -85,14 +87,31 @@ def orphans(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset(
     whether another spec still exists cannot be judged safely from here (it may
     live in another repository, or have been built from a git revision); see
     `abandoned` for the warning about those.
+
+    A file whose name ends with a suffix in `left_alone` belongs to an optional target
+    this build was not asked for (`.ts` without `--typescript`): never an orphan.
     """
     written = {p.split("/", 1)[0] for p in files}
     return [
         rel
         for folder, rel, path in _candidates(out)
         if rel not in files
+        and not (left_alone and rel.endswith(left_alone))
         and (spec := generated_from(path)) is not None
         and (folder in written or spec in specs)
+    ]
+
+
+def not_rebuilt(out: Path, files: dict[str, str], left_alone: tuple[str, ...]) -> list[str]:
+    """fsmc's files of an optional target that this build leaves as they are, in the
+    folders it writes: worth a warning, since they may no longer match their spec."""
+    if not left_alone:
+        return []
+    written = {p.split("/", 1)[0] for p in files}
+    return [
+        rel
+        for folder, rel, path in _candidates(out)
+        if folder in written and rel not in files and rel.endswith(left_alone) and generated_from(path) is not None
     ]
 
 
@@ -128,7 +147,9 @@ def abandoned(
     return [f"{folder}/ (from {spec})" for folder, spec in sorted(gone.items())]
 
 
-def compare(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset()) -> Stale:
+def compare(
+    out: Path, files: dict[str, str], specs: frozenset[str] = frozenset(), left_alone: tuple[str, ...] = ()
+) -> Stale:
     changed: list[str] = []
     missing: list[str] = []
     chunks: list[str] = []
@@ -155,7 +176,7 @@ def compare(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset(
                 tofile=f"b/{shown}",
             )
         )
-    gone = orphans(out, files, specs)
+    gone = orphans(out, files, specs, left_alone)
     for rel in gone:
         shown = (out / rel).as_posix()
         old = (out / rel).read_text(encoding="utf-8", errors="replace")
@@ -168,7 +189,9 @@ def compare(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset(
     return Stale(changed, missing, gone, diff)
 
 
-def write(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset()) -> list[str]:
+def write(
+    out: Path, files: dict[str, str], specs: frozenset[str] = frozenset(), left_alone: tuple[str, ...] = ()
+) -> list[str]:
     """Write every file whose bytes differ, remove orphans; return what changed."""
     written = []
     out.mkdir(parents=True, exist_ok=True)
@@ -189,7 +212,7 @@ def write(out: Path, files: dict[str, str], specs: frozenset[str] = frozenset())
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         written.append(rel)
     emptied = set()
-    for rel in orphans(out, files, specs):
+    for rel in orphans(out, files, specs, left_alone):
         (out / rel).unlink()
         written.append(rel)
         emptied.add(out / rel.split("/", 1)[0])

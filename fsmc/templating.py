@@ -97,6 +97,8 @@ def environment() -> jinja2.Environment:
     env.filters.update(
         py_str=escape.py_str,
         py_comment=escape.py_comment,
+        ts_str=escape.ts_str,
+        ts_comment=escape.ts_comment,
         sql_str=escape.sql_str,
         sql_ident=escape.sql_ident,
         sql_comment=escape.sql_comment,

@@ -29,14 +29,25 @@ from fsmc.targets.postgres.build import build
 from fsmc.targets.postgres.names import Names
 from fsmc.targets.postgres.operations import Plan
 from tests import test_postgres as tp
-from tests.pg_scratch import Scratch, machine_from_text, shortest_walk, states_reachable, writer_of
+from tests.pg_scratch import (
+    Scratch,
+    default_writer_role,
+    machine_from_text,
+    shortest_walk,
+    states_reachable,
+    without_writer_role,
+    writer_of,
+)
 
 CASES = Path(__file__).resolve().parent / "migrate_cases"
 
 
 def spec(case: str, name: str = "old") -> Machine:
+    """A case's spec; without a writer role under FSMC_TEST_WRITER_ROLE=0 (both sides
+    alike: migrate refuses to change the mode)."""
     path = CASES / case / f"{name}.yaml"
-    return machine_from_text(path.read_text(encoding="utf-8"), f"tests/migrate_cases/{case}/{name}.yaml")
+    machine = machine_from_text(path.read_text(encoding="utf-8"), f"tests/migrate_cases/{case}/{name}.yaml")
+    return machine if default_writer_role() else without_writer_role(machine)
 
 
 def plan_of(case: str, *, transaction: bool = True) -> Plan:

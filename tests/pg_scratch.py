@@ -12,13 +12,23 @@ play one. `scratch.connect()` opens a connection as the application role,
 `search_path` set to the schema; `scratch.superuser()` one as the DSN's user (for
 auto_explain and the statistics views). `scratch.drop()` removes schema and roles.
 
+Two modes (issue 23, item 10): with a writer role (the default; the owner has
+CREATEROLE and the file makes the role), or without one (`writer_role=False`: the
+machine built with 1.2's `postgres.writer_role: false`, installed by an owner with
+NOCREATEROLE, no role made beforehand; every write is checked). A database test
+module runs both in one process by parametrizing its fixture with `installs(...)`;
+FSMC_TEST_WRITER_ROLE=0 makes the second the default of every scratch (for a whole
+run of the database suite in that mode).
+
 Also: reading machines from specs/, walking a row to a state through `_apply`,
 replaying the event log, and importing the generated Python module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
 import sys
 import uuid
 from collections import deque
@@ -29,6 +39,7 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from fsmc import pipeline, source
@@ -51,6 +62,23 @@ TIMEOUTS = "-c lock_timeout=30s -c statement_timeout=120s"
 
 # What an application role needs, and all it gets: `install.app_grants`, the README's list.
 
+
+def installs(spec_names: tuple[str, ...]) -> list[Any]:
+    """Fixture params: each spec (id: its name) with a writer role, then each without
+    one (id: `<name>-no-writer`); a fixture passes `request.param` on as
+    `Scratch.create(dsn, machine_of(name), writer_role=writer_role)`."""
+    return [pytest.param((name, writer_role), id=name if writer_role else f"{name}-no-writer")
+            for writer_role in (True, False) for name in spec_names]  # fmt: skip
+
+
+def without_writer_role(machine: Machine) -> Machine:
+    """`machine` as if its spec said `postgres: {writer_role: false}`."""
+    return dataclasses.replace(machine, postgres=dataclasses.replace(machine.postgres, writer_role=False))
+
+
+def default_writer_role() -> bool:
+    """Whether a scratch has a writer role unless told: yes, but under FSMC_TEST_WRITER_ROLE=0."""
+    return os.environ.get("FSMC_TEST_WRITER_ROLE", "1") != "0"
 
 
 def count_column(event: str) -> str:
@@ -91,14 +119,21 @@ class Scratch:
     _open: list[psycopg.Connection[Any]] = field(default_factory=list)
 
     @staticmethod
-    def create(dsn: str, machine: Machine, sql_text: str | None = None) -> Scratch:
+    def create(dsn: str, machine: Machine, sql_text: str | None = None, *,
+               writer_role: bool | None = None) -> Scratch:  # fmt: skip
+        """`machine` installed in a fresh schema; `writer_role=False` (or, when not
+        given, FSMC_TEST_WRITER_ROLE=0) installs it without a writer role."""
+        if not (default_writer_role() if writer_role is None else writer_role):
+            machine = without_writer_role(machine)
         tag = uuid.uuid4().hex[:12]
         text = emit(build(machine)) if sql_text is None else sql_text
         scratch = Scratch(dsn, machine, f"fsmc_owner_{tag}", f"fsmc_test_{tag}", text,
                           f"fsmc_app_{tag}")  # fmt: skip
+        # With a writer role the owner may create roles: the file makes its installation's
+        # writer role. Without one, it may not (Heroku's owner), and needs none.
+        createrole = "CREATEROLE" if machine.postgres.writer_role else "NOCREATEROLE"
         with psycopg.connect(dsn, autocommit=True) as admin:
-            # The owner may create roles: the file makes its installation's writer role.
-            admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB CREATEROLE")
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB " + createrole)
                           .format(sql.Identifier(scratch.role)))  # fmt: skip
             admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
                           .format(sql.Identifier(scratch.app_role)))  # fmt: skip

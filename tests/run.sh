@@ -13,13 +13,16 @@ if [ "${1:-}" = "--fast" ]; then
     shift
 fi
 
-# The npm packages that check Mermaid install in the background, beside pip (the fast
-# path runs no Mermaid, so it installs none).
-npm_pid=
-if [ -z "$fast" ] && { [ ! -d tests/mermaid/node_modules ] || [ tests/mermaid/package-lock.json -nt tests/mermaid/node_modules ]; }; then
-    npm ci --prefix tests/mermaid --no-audit --no-fund --loglevel=error &
-    npm_pid=$!
-fi
+# The npm packages install in the background, beside pip: real Mermaid, and the
+# TypeScript toolchain that checks and runs the generated TypeScript (tests/typescript:
+# typescript, @types/node, @types/pg, pg). The fast path runs neither, so it installs none.
+npm_pids=()
+for folder in tests/mermaid tests/typescript; do
+    if [ -z "$fast" ] && { [ ! -d "$folder/node_modules" ] || [ "$folder/package-lock.json" -nt "$folder/node_modules" ]; }; then
+        npm ci --prefix "$folder" --no-audit --no-fund --loglevel=error &
+        npm_pids+=($!)
+    fi
+done
 
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
@@ -33,9 +36,9 @@ if ! cmp -s pyproject.toml "$stamp"; then
     cp pyproject.toml "$stamp"
 fi
 
-if [ -n "$npm_pid" ]; then
-    wait "$npm_pid"
-fi
+for pid in ${npm_pids[@]+"${npm_pids[@]}"}; do
+    wait "$pid"
+done
 export PATH="$PWD/.venv/bin:$PATH"
 # Bytecode, written once and read by every Python process of the run, in the test
 # environment rather than beside the sources: the suite starts about a hundred Python

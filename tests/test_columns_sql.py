@@ -9,6 +9,8 @@ only), on specs/queue.yaml, whose jobs carry `args`, `kind`, `queue` and `priori
 from __future__ import annotations
 
 import decimal
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,9 +21,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from fsmc.columns import CONVERTS, TYPES
+from fsmc.model import Machine
 from fsmc.pipeline import check
 from fsmc.source import Source
-from tests.harness import explained, refused, sqlstate_of
+from fsmc.targets import generate
+from tests.harness import explained, refused, run_pytest, sqlstate_of
 from tests.pg_scratch import Scratch, machine_of, module_of
 
 
@@ -180,10 +185,8 @@ def test_a_cancel_without_a_version_races_a_worker(queue: tuple[Scratch, ModuleT
         assert (state, log) == (fsm.State.CANCELLED, [(1, "cancel", "op")])
 
 
-def test_types_round_trip(pg_dsn: str, tmp_path: Path) -> None:
-    # Each type a spec may give a column, through create() and get().
-    text = (Path(__file__).parent.parent / "specs" / "job.yaml").read_text(encoding="utf-8")
-    text += """  columns:
+# specs/job.yaml with a column of each type a spec may give one.
+EVERY_TYPE = (Path(__file__).parent.parent / "specs" / "job.yaml").read_text(encoding="utf-8") + r"""  columns:
     born: date
     parent: uuid
     blob: bytea
@@ -192,12 +195,27 @@ def test_types_round_trip(pg_dsn: str, tmp_path: Path) -> None:
     urgent: {type: boolean, default: false}
     run_after: timestamptz
     options: {type: jsonb, default: {retries: [1, 2]}}
+    note: {type: text, default: "note é\n\t'\\\e[31m\u202e\U0001F600\x7f\r"}
+    tags: {type: jsonb, default: {"a\nb": ["\e", "'"]}}
+    rank: {type: bigint, default: 7, nullable: true}
+    size: integer
+    level: {type: smallint, default: -8}
 """
-    assert "\npostgres:" in text
-    result = check(Source("job.yaml", "job.yaml", text.encode()))
+
+
+def every_type() -> Machine:
+    assert "\npostgres:" in EVERY_TYPE
+    result = check(Source("job.yaml", "job.yaml", EVERY_TYPE.encode()))
     assert result.machine is not None and not result.diagnostics, result.diagnostics
-    fsm = module_of(result.machine, tmp_path)
-    db = Scratch.create(pg_dsn, result.machine)
+    assert {c.type for c in result.machine.postgres.columns} == set(TYPES)
+    return result.machine
+
+
+def test_types_round_trip(pg_dsn: str, tmp_path: Path) -> None:
+    # Each type a spec may give a column, through create() and get().
+    machine = every_type()
+    fsm = module_of(machine, tmp_path)
+    db = Scratch.create(pg_dsn, machine)
     try:
         with db.connect() as app:
             plain = fsm.create(app, schema=db.schema)
@@ -243,3 +261,40 @@ def test_claim_by_queue_takes_that_queues_lowest_priority_first_through_an_index
             assert all(index in p and "Seq Scan on queue_jobs" not in p for p in picking), picking
     finally:
         db.drop()
+
+
+def test_the_changes_of_type_migrate_scripts_are_the_casts_postgresql_has(pg_dsn: str) -> None:
+    # `fsmc.columns.CONVERTS`: `fsmc migrate` casts a column's values in place (USING
+    # column::type) for these pairs, and refuses every other, for which PostgreSQL has no cast.
+    assert set(CONVERTS) == set(TYPES) and all(to <= set(TYPES) - {was} for was, to in CONVERTS.items())
+    found: dict[str, set[str]] = {was: set() for was in TYPES}
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for was in TYPES:
+            for to in TYPES:
+                if was == to:
+                    continue
+                try:
+                    conn.execute(f"SELECT NULL::{was}::{to}".encode())
+                except psycopg.errors.CannotCoerce:
+                    continue
+                found[was].add(to)
+    assert found == {was: set(to) for was, to in CONVERTS.items()}
+
+
+def test_the_generated_suite_round_trips_a_column_of_every_type(pg_dsn: str, tmp_path: Path) -> None:
+    # Its create() and claim() tests, each column given a value that is not its default
+    # (and no other column's), and ruff clean (a numeric column makes it import decimal).
+    machine = every_type()
+    for path, text in generate(machine).files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text, encoding="utf-8")
+    [folder] = {p.parent for p in tmp_path.rglob("test_*.py")}
+    suite = next(folder.glob("test_*.py")).read_text(encoding="utf-8")
+    assert "\nimport decimal\n" in suite and '"level": (-8, 19),' in suite
+    # A default of any text is one Python literal, which escapes what is not printable.
+    assert '"note": ("note é\\x0a\\x09\'\\\\\\x1b[31m\\u202e😀\\x7f\\x0d", "note é"),' in suite
+    done = run_pytest(folder, "-k", "column or claimed_row", cwd=folder, dsn=pg_dsn)
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout + done.stderr
+    linted = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "."], cwd=folder,
+                            capture_output=True, text=True)  # fmt: skip
+    assert linted.returncode == 0, linted.stdout + linted.stderr

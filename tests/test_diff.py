@@ -65,6 +65,13 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     # Timed transitions: a due_at, a delay and a backoff (each a new wait: breaking).
     "timed": (1, True, {"events+", "transitions+", "transitions-", "options"}),
     "limits": (1, True, {"options"}),
+    # Declared columns (issue 24): removed, retyped or made NOT NULL breaks; added, a
+    # default changed or NULL allowed does not; a column moved is no change.
+    "columns": (1, True, {"options"}),
+    "columns_added": (1, False, {"options"}),
+    # 1.2's claim: a column a claim may be limited to added (compatible), an order
+    # where claims took the oldest first (breaking).
+    "claim": (1, True, {"options"}),
     # Wake-ups: an event added to postgres.notify (compatible, as every notify change).
     "notify": (1, False, {"options"}),
     "mermaid_keywords": (
@@ -502,8 +509,9 @@ def test_an_added_state_says_what_it_means_for_code_already_deployed(fsmc) -> No
     assert doc["notes"] == [{"about": "states.added", "names": ["claimed"], "text": text}]
     # The notes are not changes: the count and the exit status are the same.
     assert c.count == 4 and fsmc("diff", old, new).code == 1
-    # No state added, no note.
-    assert all(not changes_of(case).notes for case in FACTS if not changes_of(case).states.added)
+    # No state added, no note of one.
+    assert all(not [n for n in changes_of(case).notes if n.about == "states.added"]
+               for case in FACTS if not changes_of(case).states.added)  # fmt: skip
     assert json.loads(fsmc("diff", old, old, "--format", "json").out)["notes"] == []
 
 
@@ -528,3 +536,88 @@ def test_an_added_state_beside_a_new_cap_is_released_on_its_own_first(tmp_path) 
     assert note.names == ("claimed", "held")
     assert note.text.startswith("code built from the old spec cannot read a row in the new states 'claimed' or 'held' ")
     assert note.text.endswith("release the new states on their own first")
+
+
+def test_declared_columns_say_what_breaks_each_as_its_table_declares_it() -> None:
+    found = {o.name: (o.old, o.new, o.breaking) for o in changes_of("columns").options}
+    assert found == {
+        "postgres.columns.queue": ("text NOT NULL DEFAULT 'default'", "text NOT NULL DEFAULT 'emails'", False),
+        "postgres.columns.priority": ("smallint NOT NULL DEFAULT 0", "integer NOT NULL DEFAULT 0", True),
+        "postgres.columns.note": ("text", "text NOT NULL DEFAULT ''", True),
+        "postgres.columns.owner": ("text NOT NULL DEFAULT 'nobody'", "text DEFAULT 'nobody'", False),
+        "postgres.columns.deadline": (None, "timestamptz", False),
+        "postgres.columns.attempts": (None, "integer NOT NULL DEFAULT 3", False),
+        "postgres.columns.args": ("jsonb", None, True),
+    }
+    # `tags` only moved: no change, in the diff as in the digest (the migration's "same").
+    old, new = machine(CASES / "columns" / "old.yaml"), machine(CASES / "columns" / "new.yaml")
+    assert [str(c.name) for c in old.postgres.columns].index("tags") != [str(c.name) for c in new.postgres.columns].index("tags")
+    text = (CASES / "columns" / "expected.txt").read_text()
+    assert "+ column  postgres.columns.attempts (integer NOT NULL DEFAULT 3)\n" in text
+    assert "- column  postgres.columns.args (was jsonb)" in text and "tags" not in text
+
+
+def test_declared_columns_added_or_removed_say_which_goes_out_first(fsmc) -> None:  # type: ignore[no-untyped-def]
+    # Each module names the columns it reads: a column must exist before the code that
+    # reads it, and outlive the code that does.
+    (added, removed) = changes_of("columns").notes
+    assert (added.about, added.names, removed.about, removed.names) == (
+        "columns.added", ("deadline", "attempts"), "columns.removed", ("args",))  # fmt: skip
+    assert "run the migration first, then roll out the new code" in added.text
+    assert "roll out the new code everywhere first, then the migration, which drops it" in removed.text
+    (only,) = changes_of("columns_added").notes
+    assert only.about == "columns.added" and only.names == ("args", "queue")
+    folder = CASES / "columns_added"
+    assert f"\nnote: {only.text}\n" in fsmc("diff", folder / "old.yaml", folder / "new.yaml").out
+    # Beside an added state (whose new code must go out first), the state waits for a
+    # release of its own.
+    state = CASES / "added_state"
+    both = compare(machine(state / "old.yaml"), machine(state / "new.yaml"))
+    assert [n.about for n in both.notes] == ["states.added"]
+    grown = compare(machine(CASES / "columns_added" / "old.yaml"), machine(CASES / "columns_added" / "new.yaml"))
+    assert not grown.breaking and grown.count == 2
+
+
+def test_a_column_added_beside_a_new_state_releases_the_state_on_its_own_first(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    folder = CASES / "added_state"
+    text = (folder / "new.yaml").read_text()
+    assert "postgres:" not in text
+    (tmp_path / "new.yaml").write_text(text + "postgres:\n  columns:\n    args: jsonb\n")
+    c = compare(machine(folder / "old.yaml"), machine(tmp_path / "new.yaml"))
+    assert [n.about for n in c.notes] == ["states.added", "columns.added"]
+    assert c.notes[0].text.endswith(
+        "; but 'postgres.columns.args' needs the migration before the new code can read a row, so "
+        "release the new state on its own first"
+    )
+
+
+def test_a_default_cannot_break_a_line_or_drive_a_terminal(fsmc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A text default is free text: shown as a SQL literal that escapes what is not
+    # printable, in the diff as in a migration script's header (a comment line, which a
+    # newline would end, leaving the rest of the default to run as SQL).
+    from fsmc.migrate import migrate
+
+    folder = CASES / "columns_added"
+    hostile = "a'b\\\nDROP TABLE jobs; --\x1b[31m\u202e"
+    text = (folder / "new.yaml").read_text().replace("default: default}", f"default: {json.dumps(hostile)}}}")
+    assert hostile not in text and json.dumps(hostile) in text
+    (tmp_path / "new.yaml").write_text(text)
+    [queue] = [o for o in compare(machine(folder / "old.yaml"), machine(tmp_path / "new.yaml")).options
+               if o.name.endswith(".queue")]  # fmt: skip
+    assert queue.new == "text NOT NULL DEFAULT E'a''b\\\\\\nDROP TABLE jobs; --\\x1b[31m\\u202e'"
+    for fmt in FORMATS:
+        out = fsmc("diff", folder / "old.yaml", tmp_path / "new.yaml", "--format", fmt).out
+        assert "\x1b" not in out and "\u202e" not in out and "\nDROP" not in out, fmt
+    script = migrate(machine(folder / "old.yaml"), machine(tmp_path / "new.yaml"))
+    assert "\x1b" not in script and "\nDROP TABLE jobs" not in script
+    assert "ADD COLUMN queue text NOT NULL DEFAULT E'a''b\\\\\\nDROP TABLE jobs; --\\x1b[31m\\u202e';" in script
+    assert all(line.startswith("--") for line in script.partition("\nBEGIN;\n")[0].splitlines() if line)
+
+
+def test_a_claim_limited_to_more_columns_is_compatible_one_limited_to_fewer_or_reordered_is_not() -> None:
+    found = {o.name: (o.old, o.new, o.breaking) for o in changes_of("claim").options}
+    assert found == {"postgres.claim.by": ("queue", "queue, kind", False),
+                     "postgres.claim.order": (None, "priority", True)}  # fmt: skip
+    old, new = machine(CASES / "claim" / "old.yaml"), machine(CASES / "claim" / "new.yaml")
+    assert {o.name: o.breaking for o in compare(new, old).options} == {
+        "postgres.claim.by": True, "postgres.claim.order": True}  # fmt: skip

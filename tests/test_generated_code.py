@@ -84,10 +84,42 @@ def test_the_generated_suites_pass_without_a_database(tmp_path: Path) -> None:
     assert " passed" in done.stdout and " skipped" in done.stdout
 
 
+# Calls of queue's create() (declared columns: args jsonb, kind and queue text, priority
+# smallint): the right ones pass; each wrong one carries the ignore of exactly the
+# error it is, and `--strict` reports an ignore that ignores nothing: a wrong call
+# mypy accepted, or one it refused for another reason, fails the run.
+CREATE_CALLS = """\
+from __future__ import annotations
+
+import datetime
+import typing
+
+import psycopg
+
+import fsm_queue
+
+
+def right(conn: psycopg.Connection[typing.Any]) -> None:
+    job = fsm_queue.create(conn, args={"to": "a@example.com"}, queue="emails", priority=5)
+    fsm_queue.create(conn, state="scheduled", due_at=datetime.datetime.now(datetime.UTC), fetch_cap=3, kind="mail")
+    fsm_queue.create_many(conn, [{"priority": n} for n in range(3)])
+    assert job.priority + 1 and job.queue.upper()
+
+
+def wrong(conn: psycopg.Connection[typing.Any]) -> None:
+    fsm_queue.create(conn, priority="high")  # type: ignore[arg-type]
+    fsm_queue.create(conn, nope=1)  # type: ignore[call-arg]
+    fsm_queue.create_many(conn, [{"nope": 1}])  # type: ignore[typeddict-unknown-key]
+"""
+
+
 def test_mypy_strict_passes_on_every_generated_file(tmp_path: Path) -> None:
     folders = [str(copy_machine(name, tmp_path)) for name in MACHINES]
+    # One mypy run for both: the generated files, and calls of a module's create().
+    (tmp_path / "queue" / "use_create.py").write_text(CREATE_CALLS)
     done = mypy(*folders, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "Success: no issues found in" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("where", ["repository", "machine folder"])

@@ -36,6 +36,7 @@ from tests.pg_scratch import (
     SPEC_NAMES,
     Scratch,
     count_column,
+    installs,
     lease_states,
     machine_from_text,
     machine_of,
@@ -48,16 +49,19 @@ RACERS = 8
 RACE_ROWS = 50
 
 
-@pytest.fixture(params=SPEC_NAMES)
+# Each spec with its writer role, and without one (issue 23, item 10: every write checked).
+@pytest.fixture(params=installs(SPEC_NAMES))
 def db(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Scratch]:
-    scratch = Scratch.create(pg_dsn, machine_of(request.param))
+    name, writer_role = request.param
+    scratch = Scratch.create(pg_dsn, machine_of(name), writer_role=writer_role)
     yield scratch
     scratch.drop()
 
 
-@pytest.fixture(params=LEASE_SPEC_NAMES)
+@pytest.fixture(params=installs(LEASE_SPEC_NAMES))
 def lease_db(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Scratch]:
-    scratch = Scratch.create(pg_dsn, machine_of(request.param))
+    name, writer_role = request.param
+    scratch = Scratch.create(pg_dsn, machine_of(name), writer_role=writer_role)
     yield scratch
     scratch.drop()
 

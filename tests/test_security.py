@@ -53,16 +53,19 @@ from tests.pg_scratch import (
     Scratch,
     count_column,
     drop_writer,
+    installs,
     machine_of,
     module_of,
     path_to,
+    without_writer_role,
     writer_of,
 )
 
 
-@pytest.fixture(params=SPEC_NAMES)
+@pytest.fixture(params=installs(SPEC_NAMES))
 def db(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Scratch]:
-    scratch = Scratch.create(pg_dsn, machine_of(request.param))
+    name, writer_role = request.param
+    scratch = Scratch.create(pg_dsn, machine_of(name), writer_role=writer_role)
     yield scratch
     scratch.drop()
 
@@ -312,16 +315,19 @@ def plant_trap_operators(evil: psycopg.Connection[Any]) -> None:
                          f" FUNCTION = {function})".encode())  # fmt: skip
 
 
-@pytest.mark.parametrize("name", [*SPEC_NAMES, "queue"])  # queue: 1.2's budgets, timers and limits
-def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("spec", installs((*SPEC_NAMES, "queue")))  # queue: 1.2's budgets, timers and limits
+def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, spec: tuple[str, bool],
+                                                                 tmp_path: Path) -> None:  # fmt: skip
     # The schema installed into `public` with the default search_path ("$user", public),
     # in a database that still grants CREATE on public to everyone (PostgreSQL < 15).
-    machine = machine_of(name)
+    name, writer_role = spec
+    machine = machine_of(name) if writer_role else without_writer_role(machine_of(name))
     tag = uuid.uuid4().hex[:12]
     database, owner, attacker = f"fsmc_sec_{tag}", f"fsmc_owner_{tag}", f"fsmc_evil_{tag}"
     id_type = machine.postgres.id_type
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(sql.Identifier(owner)))
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN " + ("CREATEROLE" if writer_role else "NOCREATEROLE"))
+                      .format(sql.Identifier(owner)))  # fmt: skip
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(attacker)))
         admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
             sql.Identifier(database), sql.Identifier(owner)))  # fmt: skip

@@ -11,7 +11,7 @@ import jinja2.meta
 import pytest
 
 from fsmc import migrate
-from fsmc.targets import mermaid, pytest_suite, python, readme
+from fsmc.targets import mermaid, pytest_suite, python, readme, typescript
 from fsmc.targets.postgres import build, install
 from fsmc.templating import environment, template_names
 
@@ -25,6 +25,8 @@ CONTEXTS: dict[str, type] = {
     "migrate.sql.j2": migrate.MigrateContext,
     "module.py.j2": python.ModuleContext,
     "test_module.py.j2": pytest_suite.TestFileContext,
+    "module.ts.j2": typescript.ModuleContext,
+    "test_module.ts.j2": typescript.TestFileContext,
 }
 
 

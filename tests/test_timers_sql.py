@@ -16,6 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from fsmc.pipeline import check
+from fsmc.source import Source
 from tests.harness import nested_plans, refused, sqlstate_of
 from tests.pg_scratch import Scratch, machine_of
 
@@ -131,3 +133,32 @@ def test_a_move_by_hand_gets_the_due_time_the_spec_gives(queue: Scratch) -> None
         app.commit()
         state, due, entered = due_at(db, app, job)
         assert state == "retryable" and due is not None and due - entered == timedelta(seconds=1)
+
+
+def test_a_delay_on_a_machine_without_caps_installs_and_waits(pg_dsn: str) -> None:
+    # A timed edge with no cap anywhere (no budget to count): the budget parts of the
+    # functions and of the commit-time check have nothing to say, and were once
+    # written anyway (a CASE with no WHEN, a DECLARE missing), so the .sql did not install.
+    text = b"""fsmc: 1
+machine: remind
+initial: waiting
+states: [waiting, sent]
+terminals: [sent]
+events: [send]
+transitions:
+  - {from: waiting, event: send, to: sent, after: 30s}
+"""
+    result = check(Source("remind.yaml", "remind.yaml", text))
+    assert result.machine is not None and not result.diagnostics
+    db = Scratch.create(pg_dsn, result.machine)
+    try:
+        with db.connect() as app:
+            row_id = db.new_row(app)
+            app.commit()
+            assert sqlstate_of(refused(app, db.q("SELECT {apply}(%s, 'send', 0, 'w', NULL, NULL)"), (row_id,))) == NOT_DUE
+            make_due(db, row_id)
+            assert app.execute(db.q("SELECT {apply}(%s, 'send', 0, 'w', NULL, NULL)"), (row_id,)).fetchone() == (1,)
+            app.commit()
+            assert due_at(db, app, row_id)[:2] == ("sent", None)
+    finally:
+        db.drop()

@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -19,7 +20,16 @@ import pytest
 
 from tests.conftest import SPECS
 from tests.harness import nested_plans
-from tests.pg_scratch import Scratch, machine_from_text, machine_of, path_to
+from tests.pg_scratch import Scratch, installs, machine_from_text, machine_of, path_to
+
+
+# The job machine with its writer role, and without one (issue 23, item 10: every write checked).
+@pytest.fixture(params=installs(("job",)))
+def db(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Scratch]:
+    name, writer_role = request.param
+    scratch = Scratch.create(pg_dsn, machine_of(name), writer_role=writer_role)
+    yield scratch
+    scratch.drop()
 
 
 def sqlstate(error: BaseException) -> str | None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from fsmc import columns
+from fsmc.escape import py_str
 from fsmc.facts import wake_sources
-from fsmc.model import Machine
+from fsmc.model import DeclaredColumn, Machine
 from fsmc.targets.common import ID_TYPES, Header, module_name
 from fsmc.targets.postgres.build import Build, SuiteContext, suite_context
 from fsmc.templating import as_variables, render
@@ -38,6 +40,10 @@ class TestFileContext:
     per_row: list[tuple[str, int]]  # 1.2: (event, the largest cap a row may have)
     timers: list[tuple[str, str, str, int, float, int]]  # 1.2: (state, event, kind, ms, factor, max ms)
     limits: list[tuple[str, int]]  # 1.2: (state, the most rows it may hold)
+    # 1.2: the row's own data: (column, its default as Python, None for NULL; a value
+    # of its type to give it, not its default), in spec order
+    columns: list[tuple[str, str, str]]
+    uses_decimal: bool  # a numeric column: its values are decimal.Decimal
     sample_id: str  # a Python expression
     sql: SuiteContext  # the database's side, SQLSTATEs included (`sql.codes`)
     # postgres.notify: (event, its sources where it fires at once, its timed sources)
@@ -65,7 +71,40 @@ def emit(machine: Machine, pg: Build) -> str:
         per_row=list(m.per_row_caps.items()),
         timers=[(s, e, t.kind, t.ms, t.factor, t.most_ms) for (s, e), t in m.timers.items()],
         limits=list(m.state_limits.items()),
+        columns=[(str(c.name), default_of(c), given_for(c, i)) for i, c in enumerate(m.postgres.columns)],
+        uses_decimal=any(columns.TYPES[c.type].python == "decimal.Decimal" for c in m.postgres.columns),
         sample_id=ID_TYPES[m.postgres.id_type].sample,
         sql=suite_context(pg),
         notified=[(e, *wake_sources(m, e)) for e in m.notified],
     )))
+
+
+
+def default_of(c: DeclaredColumn) -> str:
+    """A declared column's default as the generated test expects it read back."""
+    if not c.has_default or c.default is None:
+        return "None"
+    return columns.python_default(columns.TYPES[c.type], c.default)
+
+
+def given_for(c: DeclaredColumn, index: int) -> str:
+    """A value of the column's type, as Python writes it, that is neither its default
+    nor any other column's value (`index`: its place among the declared columns, of
+    which a spec has at most 100), so a value read back can only be the one given."""
+    n, name = 7 + index, str(c.name)
+    first, second = {
+        "text": (py_str(f"{name} é"), py_str(f"{name} ü")),
+        "jsonb": (repr({name: [n, "two", None]}), repr([name])),
+        "boolean": ("True", "False"),
+        "smallint": (str(n), str(-n)),
+        "integer": (str(n), str(-n)),
+        "bigint": (str(n), str(-n)),
+        "double precision": (repr(n + 0.5), repr(-n - 0.5)),
+        "numeric": (f'decimal.Decimal("{n}.5")', f'decimal.Decimal("-{n}.5")'),
+        # No default can be written for these: the first is never one.
+        "timestamptz": (f"datetime.datetime({2000 + n}, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)", ""),
+        "date": (f"datetime.date({2000 + n}, 1, 2)", ""),
+        "uuid": (f"uuid.UUID(int={n})", ""),
+        "bytea": (f'b"\\x00{name}\\xff"', ""),
+    }[c.type]
+    return second if first == default_of(c) else first

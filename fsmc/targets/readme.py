@@ -45,11 +45,7 @@ class ReadmeContext:
 
 def _declared(m: Machine) -> list[tuple[str, str]]:
     """Each declared column and its type as the table declares it (`fsmc.columns`)."""
-    out = []
-    for c in m.postgres.columns:
-        column = declared_column(c)
-        out.append((column.name, column.definition.removeprefix(column.name + " ")))
-    return out
+    return [(str(c.name), declared_column(c).declaration) for c in m.postgres.columns]
 
 
 def _claims_by(m: Machine, name: str) -> str:

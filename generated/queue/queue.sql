@@ -220,7 +220,7 @@ LEFT JOIN queue_job_events AS o
 -- The machine this schema was built from (fsmc.digest): read by `fsmc migrate`.
 CREATE FUNCTION queue_fsmc_digest() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN '10841364ee44b1363c9e255f20c5d7b601c417c594541491307649610d0a43e4';
+RETURN '4724232cfb2bf3ef435f0cea021300fd1423ef5d1830599e5a14f6d771693d69';
 
 -- The format of the schema fsmc built (fsmc.targets.postgres.formats.SCHEMA_FORMAT):
 -- `fsmc migrate` upgrades a database an older fsmc built (no such function: format 1)
@@ -281,7 +281,7 @@ BEGIN
         INTO v_from, v_spent
         FROM queue_jobs AS t, LATERAL (SELECT '{"scheduled schedule": {"s": "available", "t": {"available": "none"}, "d": 1}, "available fetch": {"s": "running", "t": {"running": "enter"}}, "running complete": {"s": "completed", "t": {"completed": "leave"}}, "running error": {"s": "retryable", "t": {"retryable": "leave"}, "o": "discarded", "ol": "leave", "b": "fetch"}, "running rescue": {"s": "retryable", "t": {"retryable": "leave"}, "o": "discarded", "ol": "leave", "b": "fetch"}, "retryable retry": {"s": "available", "t": {"available": "none"}, "d": 1}, "retryable discard": {"s": "discarded", "t": {"discarded": "none"}}, "scheduled cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "available cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "retryable cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "completed revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}, "cancelled revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}, "discarded revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event) AS move) AS m
         WHERE t.id = queue_apply.id;
-        IF queue_fsmc_digest() OPERATOR(pg_catalog.<>) '10841364ee44b1363c9e255f20c5d7b601c417c594541491307649610d0a43e4' THEN
+        IF queue_fsmc_digest() OPERATOR(pg_catalog.<>) '4724232cfb2bf3ef435f0cea021300fd1423ef5d1830599e5a14f6d771693d69' THEN
             RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
                 MESSAGE = 'queue_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
                 HINT = 'retry the transaction: it then runs under the new spec';
@@ -482,7 +482,7 @@ BEGIN
     SELECT m.id, m.state_version, m.from_state, 'rescue', m.to_state, queue_reclaim.actor
     FROM moved AS m
     RETURNING queue_id;
-    IF queue_fsmc_digest() OPERATOR(pg_catalog.<>) '10841364ee44b1363c9e255f20c5d7b601c417c594541491307649610d0a43e4' THEN
+    IF queue_fsmc_digest() OPERATOR(pg_catalog.<>) '4724232cfb2bf3ef435f0cea021300fd1423ef5d1830599e5a14f6d771693d69' THEN
         RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
             MESSAGE = 'queue_reclaim: the schema was migrated to another spec while this call waited for it; nothing was changed',
             HINT = 'retry the transaction: it then runs under the new spec';
@@ -842,7 +842,7 @@ BEGIN
             SELECT (m.claimed).* FROM moved AS m;
         END IF;
     END IF;
-    IF queue_fsmc_digest() OPERATOR(pg_catalog.<>) '10841364ee44b1363c9e255f20c5d7b601c417c594541491307649610d0a43e4' THEN
+    IF queue_fsmc_digest() OPERATOR(pg_catalog.<>) '4724232cfb2bf3ef435f0cea021300fd1423ef5d1830599e5a14f6d771693d69' THEN
         RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
             MESSAGE = 'queue_claim: the schema was migrated to another spec while this call waited for it; nothing was changed',
             HINT = 'retry the transaction: it then runs under the new spec';
@@ -889,7 +889,7 @@ BEGIN
         LIMIT queue_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ) AS d;
-    IF queue_fsmc_digest() OPERATOR(pg_catalog.<>) '10841364ee44b1363c9e255f20c5d7b601c417c594541491307649610d0a43e4' THEN
+    IF queue_fsmc_digest() OPERATOR(pg_catalog.<>) '4724232cfb2bf3ef435f0cea021300fd1423ef5d1830599e5a14f6d771693d69' THEN
         RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
             MESSAGE = 'queue_purge: the schema was migrated to another spec while this call waited for it; nothing was changed',
             HINT = 'retry the transaction: it then runs under the new spec';

@@ -584,12 +584,13 @@ def db() -> collections.abc.Iterator[Database]:
 def _transition(conn: typing.Any, row_id: typing.Any, event: str, **kwargs: typing.Any) -> int | None:
     """The module's transition(), the row made due first if it waits for time: these
     tests are about the table, and do not sleep out a timer (the timer tests below)."""
-    _make_due(conn, row_id)
+    _make_due(conn, row_id, kwargs["schema"])
     return typing.cast(int | None, fsm.transition(conn, row_id, event, **kwargs))
 
 
-def _make_due(conn: typing.Any, row_id: typing.Any) -> None:
-    sql = f"UPDATE {SQL_TABLE} SET due_at = now() - interval '1 second' WHERE id = %s AND due_at IS NOT NULL"
+def _make_due(conn: typing.Any, row_id: typing.Any, schema: str) -> None:
+    # The table named with its schema: a test's temporary table of that name comes first.
+    sql = f"UPDATE \"{schema}\".{SQL_TABLE} SET due_at = now() - interval '1 second' WHERE id = %s AND due_at IS NOT NULL"
     conn.execute(sql, (row_id,))
 
 
@@ -738,7 +739,7 @@ def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) ->
     event, to, _target = _moves(INITIAL)[0]
     with db.connect() as first, db.connect() as second:
         row_id = db.new_row(first)
-        _make_due(first, row_id)
+        _make_due(first, row_id, db.schema)
         first.commit()
         assert fsm.transition(first, row_id, event, expected_version=0, actor="first", to=to, schema=db.schema) == 1
         results: list[int | None] = []
@@ -1051,7 +1052,7 @@ def test_db_a_row_waits_for_the_time_it_is_given(db: Database) -> None:
                 if target != state:
                     continue
                 row_id, version = db.row_in(conn, source)
-                _make_due(conn, row_id)
+                _make_due(conn, row_id, db.schema)
                 got = fsm.transition(
                     conn, row_id, event, expected_version=version, actor="test", to=to, due_at=when,
                     schema=db.schema,
@@ -1156,6 +1157,47 @@ def _race_into(db: Database, state: str, room: int) -> None:
     for racer in racers:
         racer.join(30)
     assert sorted(outcomes) == sorted(["moved"] * freed + ["refused"] * (RACERS - freed))
+
+
+# 1.2: the row's own data, as the spec declares it: column -> (its default, None for
+# NULL; a value of its type to give it, not its default).
+COLUMNS: dict[str, tuple[typing.Any, typing.Any]] = {
+    "args": (None, {'args': [7, 'two', None]}),
+    "kind": ("default", "kind é"),
+    "queue": ("default", "queue é"),
+    "priority": (0, 10),
+}
+
+
+def test_db_create_gives_each_column_its_default_or_the_value_given(db: Database) -> None:
+    defaults = {c: default for c, (default, _given) in COLUMNS.items()}
+    given = {c: value for c, (_default, value) in COLUMNS.items()}
+    sql = f"SELECT {', '.join(COLUMNS)} FROM {SQL_TABLE} WHERE id = %s"
+    with db.application() as app:
+        plain = fsm.create(app, schema=db.schema)
+        assert {c: getattr(plain, c) for c in COLUMNS} == defaults
+        assert app.execute(sql, (plain.id,)).fetchone() == tuple(defaults.values())
+        made = fsm.create(app, schema=db.schema, **given)
+        assert {c: getattr(made, c) for c in COLUMNS} == given
+        assert app.execute(sql, (made.id,)).fetchone() == tuple(given.values())
+        assert fsm.get(app, made.id, schema=db.schema) == made
+        app.rollback()
+
+
+@pytest.mark.skipif(not _moves(INITIAL), reason="nothing leaves the initial state")
+def test_db_a_claimed_row_carries_its_data(db: Database) -> None:
+    event, to, _target = _moves(INITIAL)[0]
+    given = {c: value for c, (_default, value) in COLUMNS.items()}
+    with db.application() as app:
+        row_id = fsm.create(app, schema=db.schema, **given).id
+        app.commit()
+    with db.connect() as conn:
+        _make_due(conn, row_id, db.schema)
+        conn.commit()
+        # Every row waiting there is taken (in this transaction, rolled back): this one too.
+        taken = {row.id: row for row in fsm.claim(conn, event, actor="test", limit=10_000, to=to, schema=db.schema)}
+        assert {c: getattr(taken[row_id], c) for c in COLUMNS} == given
+        conn.rollback()
 
 
 # postgres.notify: each event whose workers may sleep in wait_for(), with its sources

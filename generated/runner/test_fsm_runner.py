@@ -431,12 +431,12 @@ def db() -> collections.abc.Iterator[Database]:
 def _transition(conn: typing.Any, row_id: typing.Any, event: str, **kwargs: typing.Any) -> int | None:
     """The module's transition(), the row made due first if it waits for time: these
     tests are about the table, and do not sleep out a timer (the timer tests below)."""
-    _make_due(conn, row_id)
+    _make_due(conn, row_id, kwargs["schema"])
     return typing.cast(int | None, fsm.transition(conn, row_id, event, **kwargs))
 
 
-def _make_due(conn: typing.Any, row_id: typing.Any) -> None:
-    del conn, row_id  # no transition of this machine waits for time
+def _make_due(conn: typing.Any, row_id: typing.Any, schema: str) -> None:
+    del conn, row_id, schema  # no transition of this machine waits for time
 
 
 def _refused(conn: typing.Any, sql: str, params: tuple[typing.Any, ...] = ()) -> str | None:
@@ -584,7 +584,7 @@ def test_db_two_racing_applies_with_one_version_have_one_winner(db: Database) ->
     event, to, _target = _moves(INITIAL)[0]
     with db.connect() as first, db.connect() as second:
         row_id = db.new_row(first)
-        _make_due(first, row_id)
+        _make_due(first, row_id, db.schema)
         first.commit()
         assert fsm.transition(first, row_id, event, expected_version=0, actor="first", to=to, schema=db.schema) == 1
         results: list[int | None] = []

@@ -53,7 +53,10 @@ What the file builds, and why it is shaped so:
   naming it as a text literal in their WHEN clauses (`CURRENT_USER <> 'role'::text`:
   a `name` constant would be 64 bytes to parse per statement). Those writes keep to the spec by
   construction; everyone else's still get every check. No application can become
-  the role, and EXECUTE on these functions is granted, not PUBLIC's.
+  the role, and EXECUTE on these functions is granted, not PUBLIC's. Without one
+  (1.2's `postgres.writer_role: false`, for hosts where nobody can create a role) the
+  functions stay the installer's and the triggers skip no one: the functions' moves
+  are checked too, and the update guard leaves what they stamped as they wrote it.
 - With `lease`: the claim bookkeeping is part of that same UPDATE; the partial index
   for reclaim is keyed on `state` over the lease states only, so a heartbeat (which
   changes only `heartbeat_at`) touches no indexed column and stays a HOT update; the
@@ -124,6 +127,7 @@ from fsmc.targets.postgres.encode import (
     change_sql,
     claim_assignments,
     claim_values,
+    claims_settled,
     joined,
     moves_jsonb,
     short_hash,
@@ -176,6 +180,7 @@ class LeaseContext:
     moves: list[tuple[str, str, str]]  # (lease state, target, change) of the reclaim event
     guard_change: str  # the lease change (`facts.Change`) of a direct move from OLD.state to NEW.state
     guard_claims: list[tuple[str, str]]  # the guard's claim columns and their values (`claim_values`)
+    settled: str  # NEW's claim columns already hold what the lease rule leaves (`claims_settled`)
 
 
 @dataclass(frozen=True)
@@ -297,6 +302,9 @@ class BodyContext:
     timing: TimingContext | None  # 1.2: the timed transitions (`after`), or None
     digest: str  # the machine's digest, which a body checks is still the schema's
     limits: LimitsContext | None  # 1.2: with `limits`
+    # 1.2's `postgres.writer_role`: false, the guard sees the functions' moves too, and
+    # leaves what they stamped as it is.
+    writer_role: bool
     waking: WakeContext | None = None  # with `postgres.notify`
 
 
@@ -331,6 +339,7 @@ class SuiteContext:
     lease: bool
     grants: list[str]  # `app_grants`, with `{schema}` and `{role}` for the quoted names
     limits_table: str  # 1.2: the limits' slots ("" without limits)
+    writer_role: bool  # 1.2's `postgres.writer_role`: false, no writer role (nor its name function) to drop
 
 
 # --- the build -------------------------------------------------------------------------
@@ -473,7 +482,7 @@ def build(machine: Machine) -> Build:
         Parameter("to_state", "text", "NULL"),
         *((Parameter("due_at", "timestamptz", "NULL"),) if c.timing and c.timing.given else ()),
         returns="bigint", body=body("apply"), attributes=_WRITER, settings=_SEQSCAN_OFF,
-        comment=comments.WRITER_FUNCTIONS,
+        comment=comments.WRITER_FUNCTIONS if m.postgres.writer_role else comments.CHECKED_FUNCTIONS,
     )  # fmt: skip
     if m.lease is not None:
         function(names.heartbeat, Parameter("id", id_type), Parameter("expected_version", "bigint"),
@@ -533,15 +542,17 @@ def build(machine: Machine) -> Build:
     if c.timing is not None:
         # A row born in a timed state gets its due time here (and nowhere else one).
         born_elsewhere += " OR " + c.timing.in_timed.replace("t.state", "NEW.state") + " OR NEW.due_at IS NOT NULL"
+    # Without a writer role (1.2's `postgres.writer_role: false`) they skip no one.
+    writer = n.writer if m.postgres.writer_role else None
     triggers: tuple[Trigger, ...] = (
         Trigger(n.guard_insert, n.table, "BEFORE", "INSERT", n.guard_insert, when=born_elsewhere),
         Trigger(n.guard_update, n.table, "BEFORE" if c.caps else "AFTER", moved, n.guard_update,
-                comment=comments.GUARD_UPDATE_BEFORE if c.caps else comments.GUARD_UPDATE_AFTER,
-                writer=n.writer),  # fmt: skip
+                comment=comments.guard_update(before=bool(c.caps), writer_role=m.postgres.writer_role),
+                writer=writer),  # fmt: skip
         Trigger(n.logged_check, n.table, "AFTER", _STATE_MOVED, n.check_logged,
-                deferred=True, comment=comments.CHECK_LOGGED, writer=n.writer),  # fmt: skip
+                deferred=True, comment=comments.CHECK_LOGGED, writer=writer),  # fmt: skip
         Trigger(n.check_event, n.events_table, "AFTER", "INSERT", n.check_event, deferred=True,
-                writer=n.writer),  # fmt: skip
+                writer=writer),  # fmt: skip
         Trigger(n.guard_delete, n.table, "BEFORE", "DELETE", n.guard_delete),
         Trigger(n.guard_delete_truncate, n.table, "BEFORE", "TRUNCATE", n.guard_delete, for_each="STATEMENT"),
         Trigger(n.append_only, n.events_table, "BEFORE", "UPDATE OR DELETE", n.append_only),
@@ -570,7 +581,7 @@ def build(machine: Machine) -> Build:
                     when=entered),  # fmt: skip
         )
     schema = Schema(tables, indexes, tuple(f for _, f in functions), triggers, views, domains)
-    every = (*dict.fromkeys(raw for raw, _ in functions), names.writer)
+    every = (*dict.fromkeys(raw for raw, _ in functions), *([names.writer] if m.postgres.writer_role else []))
     return Build(
         machine=m,
         names=names,
@@ -602,9 +613,9 @@ def claim_key(m: Machine) -> list[str]:
 
 
 def declared_column(column: DeclaredColumn) -> Column:
-    kind = columns.TYPES[column.type]
-    default = columns.sql_default(kind, column.default) if column.has_default else None
-    return Column(str(column.name), kind.sql, not_null=not column.nullable, default=default)
+    """A column of the row's own data (1.2), as `fsmc.columns` declares it."""
+    sql_type, not_null, default = columns.sql_parts(column)
+    return Column(str(column.name), sql_type, not_null=not_null, default=default)
 
 
 def timing_context(m: Machine) -> TimingContext | None:
@@ -763,6 +774,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
             guard_change=change_sql("OLD.state", "NEW.state", held),
             # BEFORE (with caps) the guard assigns NEW's fields; AFTER it updates the row.
             guard_claims=claim_values("v_lease", "SESSION_USER::pg_catalog.text", "OLD" if m.cap_limits else "t"),
+            settled=claims_settled("v_lease", "NEW"),
         )
     return BodyContext(
         machine=str(m.name),
@@ -803,6 +815,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         timing=timing_context(m),
         digest=machine_digest(m),
         limits=limits_context(m),
+        writer_role=m.postgres.writer_role,
         waking=wake_context(m, n, claimable, limits_context(m)),
         caps=[
             CapContext(
@@ -863,6 +876,7 @@ def suite_context(b: Build) -> SuiteContext:
         lease=b.machine.lease is not None,
         grants=list(b.install.grants),
         limits_table=n.limits if b.machine.state_limits else "",
+        writer_role=b.machine.postgres.writer_role,
     )
 
 

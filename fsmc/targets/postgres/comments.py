@@ -26,22 +26,30 @@ GUARD_UPDATE = (
     "WHEN clause for every statement, but keeps a PL/pgSQL function's expressions for",
     "the session, and the spec's lists are the costly part.",
 )
-GUARD_UPDATE_COLUMNS = (
-    "Only an UPDATE that sets state, state_version or a count reaches the function (a",
-    "heartbeat does not), and none the writer role's functions make. The columns are",
+_REACHES = "Only an UPDATE that sets state, state_version or a count reaches the function (a"
+_COLUMNS_NAMED = (
     "named in the trigger, not compared in its WHEN clause: PostgreSQL rebuilds a WHEN",
     "clause for every statement, and tests a column list against the statement's SET",
     "list. What an earlier BEFORE trigger of the owner's changes in them is not seen.",
 )
-GUARD_UPDATE_AFTER = (
-    *GUARD_UPDATE_COLUMNS,
+GUARD_UPDATE_COLUMNS = (
+    _REACHES,
+    "heartbeat does not), and none the writer role's functions make. The columns are",
+    *_COLUMNS_NAMED,
+)
+# 1.2's `postgres.writer_role: false`: no one's writes are skipped.
+GUARD_UPDATE_COLUMNS_EVERY_WRITE = (
+    _REACHES,
+    "heartbeat does not), the functions' included: there is no writer role. The columns are",
+    *_COLUMNS_NAMED,
+)
+_AFTER = (
     "It runs AFTER the row is written, so the statement fails all the same: a BEFORE",
     "UPDATE row trigger, whatever its columns and WHEN clause, makes PostgreSQL lock",
     "every row any UPDATE of the table writes before writing it, a WAL record more for",
     "each move and each heartbeat.",
 )
-GUARD_UPDATE_BEFORE = (
-    *GUARD_UPDATE_COLUMNS,
+_BEFORE = (
     "It runs BEFORE the row is written, because the machine has caps: after, the count's",
     "CHECK would refuse a move past the cap first, with 23514 instead of the cap's code.",
 )
@@ -58,6 +66,12 @@ WRITER_FUNCTIONS = (
     "It is NOLOGIN and granted to no application, so the triggers below can tell these",
     "functions' writes, which keep to the spec by construction, from everyone else's, and",
     "skip their checks for them: enforcement then costs these calls almost nothing.",
+)
+CHECKED_FUNCTIONS = (
+    "The functions that move rows run as the installer, who owns them (SECURITY DEFINER):",
+    "this schema has no writer role (postgres.writer_role: false), so the triggers below",
+    "check these functions' writes like everyone else's, and a legal move passes them.",
+    "EXECUTE on them is granted, never PUBLIC's (the block at the end of this file).",
 )
 CLAIM_INDEX = (
     "Claim takes the oldest rows of the claimable states and purge the oldest terminal",
@@ -143,3 +157,10 @@ CLAIMABLE_IN = (
     "wait_for() reads it after its LISTEN, so a row committed before then is never",
     "missed. The claim's own predicates, read through the claim's and the due indexes.",
 )
+
+
+def guard_update(*, before: bool, writer_role: bool) -> tuple[str, ...]:
+    """The update guard trigger's comment: BEFORE (with caps) or AFTER, with or without
+    a writer role whose writes it skips."""
+    columns = GUARD_UPDATE_COLUMNS if writer_role else GUARD_UPDATE_COLUMNS_EVERY_WRITE
+    return (*columns, *(_BEFORE if before else _AFTER))

@@ -112,6 +112,22 @@ def claim_values(change: str, actor: str, row: str = "") -> list[tuple[str, str]
     return out
 
 
+def claims_settled(change: str, row: str) -> str:
+    """Whether `row`'s claim columns already hold what the claim rule leaves on a move
+    of `change` (an SQL expression whose value is a `facts.Change`): the actor's column
+    some claimer (whoever moved the row chose it), the times now(), the cleared ones
+    NULL. The guard of a schema without a writer role stamps a move only where not
+    (the functions' moves are stamped already)."""
+    tests = {Action.ACTOR: "{} IS NOT NULL", Action.NOW: "{} = pg_catalog.now()", Action.CLEAR: "{} IS NULL"}
+    branches = []
+    for c, actions in CLAIM_RULE.items():
+        held = [tests[a].format(f"{row}.{column}") for column, a in zip(CLAIM_COLUMNS, actions, strict=True)
+                if a is not Action.KEEP]  # fmt: skip
+        if held:
+            branches.append(f"WHEN {sql_str(c.value)} THEN {' AND '.join(held)}")
+    return f"CASE {change} {' '.join(branches)} ELSE true END"
+
+
 def change_sql(old: str, new: str, held: Sequence[str]) -> str:
     """The `facts.Change` of a move from state `old` to state `new` (SQL expressions),
     as `facts.change_of` tells it, in SQL."""

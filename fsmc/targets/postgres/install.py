@@ -28,6 +28,13 @@ creating the triggers read to put it into their WHEN clauses as a literal:
 PostgreSQL prepares a WHEN clause for every statement, and folding even an IMMUTABLE
 SQL function there runs the SQL function executor (measured: a tenth of `_apply`'s
 CPU for three triggers).
+
+Without a writer role (1.2's `postgres.writer_role: false`, for hosts where nobody
+can create a role: Heroku Postgres' plans), `prepare` checks only that there is a
+schema to install into, the functions stay the installer's (SECURITY DEFINER,
+EXECUTE still granted, never PUBLIC's, their search_path pinned alike), and the
+triggers skip no one: every write is checked, the functions' included, which keep to
+the spec and so pass. The application's grants are the same.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class InstallContext:
     functions: str  # every function of the schema, a text[]: the pin's
     writes: tuple[str, str]  # `app_writes`
     executable: list[str]  # `callable_functions` as SQL spells them
+    writer_role: bool  # 1.2's `postgres.writer_role`: false, no role, nothing owned by one
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,10 @@ def writer_functions(machine: Machine, n: Names) -> list[str]:
     """The functions the writer role owns (raw): those that move rows, the heartbeat,
     and the guard, which stamps a direct move's times. They write the columns the
     database keeps (`entered_at`, the claim columns), on which the application role
-    has no grant: their values are the database's, never a caller's."""
+    has no grant: their values are the database's, never a caller's. None without a
+    writer role: they stay the installer's."""
+    if not machine.postgres.writer_role:
+        return []
     return [*n.movers(machine.lease is not None), n.guard_update]
 
 
@@ -137,6 +148,7 @@ def install(machine: Machine, n: Names, functions: list[str]) -> Install:
         functions=pg_text_array(functions),
         writes=app_writes(machine, n),
         executable=[sql_ident(f) for f in definers],
+        writer_role=machine.postgres.writer_role,
     )
     macros = _template().make_module(vars=as_variables(context))
     return Install(

@@ -22,7 +22,8 @@ Contract of this module:
   between the databases they build (`comment` excepted: it documents the file).
 - Adding to the model: a column, a constraint, a function (or a parameter of one)
   or a view is one more value in the builder; the file renders it and `migrate`
-  adds, changes or drops it without further teaching (a changed column type, a
+  adds, changes or drops it without further teaching (a column's type, default and
+  NOT NULL may change, which 1.2's declared columns ask for; a changed identity, a
   changed non-CHECK constraint and a dropped table are refused as bugs of ours
   until a spec can ask for one).
 """
@@ -47,7 +48,12 @@ class Column:
 
     @property
     def definition(self) -> str:
-        parts = [self.name, self.type]
+        return f"{self.name} {self.declaration}"
+
+    @property
+    def declaration(self) -> str:
+        """What follows the column's name: `smallint NOT NULL DEFAULT 0`."""
+        parts = [self.type]
         if self.not_null:
             parts.append("NOT NULL")
         if self.default is not None:

@@ -152,12 +152,45 @@ class Renames:
 
 @dataclass(frozen=True)
 class ExpandTable:
-    """New columns (NULL or a constant default: no rewrite), defaults, storage parameters."""
+    """New columns (NULL or a constant default: no rewrite), defaults, columns that may
+    now be NULL, storage parameters."""
 
     table: str
     columns: tuple[Column, ...]
     defaults: tuple[tuple[str, str | None], ...]  # (column, new default or None: drop it)
     options: tuple[tuple[str, str], ...]  # (name, value) set
+    allow_null: tuple[str, ...] = ()  # DROP NOT NULL
+
+
+@dataclass(frozen=True)
+class RetypedColumn:
+    column: Column  # NEW's
+    had_default: bool  # the table's column has a default (of its old type): dropped first
+
+
+@dataclass(frozen=True)
+class RetypeColumns:
+    """Columns NEW gives another type (1.2's declared columns), in one ALTER TABLE: each
+    value cast to it (`USING column::type`), which rewrites the table; a value that
+    does not convert aborts the script, changing nothing. The old default goes first
+    (it is of the old type), NEW's is set after."""
+
+    table: str
+    columns: tuple[RetypedColumn, ...]
+
+    @property
+    def listed(self) -> str:
+        """`priority to integer, note to jsonb`, for the script's error message."""
+        return ", ".join(f"{r.column.name} to {r.column.type}" for r in self.columns)
+
+
+@dataclass(frozen=True)
+class RequireValues:
+    """Columns NEW no longer lets be NULL: their NULLs get NEW's default, then SET NOT
+    NULL (which scans the table)."""
+
+    table: str
+    columns: tuple[tuple[str, str], ...]  # (column, NEW's default: an SQL expression)
 
 
 @dataclass(frozen=True)
@@ -402,7 +435,7 @@ class GrantMovers:
 
 Operation = (
     Begin | RefuseOutsideTransaction | SetLockTimeout | Guard | PrepareWriterRole | UpgradeFormat | Renames
-    | RememberMovers | ExpandTable | CreateTable | FillLimits | DropTables | FillCountColumns | SetDueTimes | StartHeartbeats | ClearClaims | ReplaceIndexes | CreateDomains
+    | RememberMovers | ExpandTable | RetypeColumns | RequireValues | CreateTable | FillLimits | DropTables | FillCountColumns | SetDueTimes | StartHeartbeats | ClearClaims | ReplaceIndexes | CreateDomains
     | DropUnreplaceableFunctions | ReplaceFunctions | ReplaceConstraints | ReplaceViews | RecreateTriggers
     | ValidateCheck | ValidateHistoryCheck | DropObjects | ContractTable | DropDomains | RecordDigest
     | PinFunctions | GrantMovers | Commit
