@@ -219,10 +219,10 @@ def pgqueuer_run(dsn: str, schema: str, jobs: int, workers: int) -> float:
 # --- fsmc, the River-style queue with and without its retry machinery ---------------------
 
 
-def queue_variant(plain: bool, keep_caps: bool = False) -> tuple[Any, str]:
+def queue_variant(plain: bool, keep_caps: bool = False, notify: bool = True) -> tuple[Any, str]:
     """The generated module and SQL of specs/queue.yaml without its limit, and (plain)
-    without otherwise, spent, reset and after, and caps unless `keep_caps`: built here,
-    into a temporary folder."""
+    without otherwise, spent, reset and after, and caps unless `keep_caps`, and without
+    its wake-ups unless `notify`: built here, into a temporary folder."""
     import re
     import tempfile
 
@@ -231,6 +231,8 @@ def queue_variant(plain: bool, keep_caps: bool = False) -> tuple[Any, str]:
 
     text = (ROOT / "specs" / "queue.yaml").read_text(encoding="utf-8")
     text = re.sub(r"\nlimits:\n(  .*\n)+", "\n", text)
+    if not notify:
+        text = re.sub(r"\n  notify: .*", "", text)
     if plain:
         text = re.sub(r", (otherwise: \w+|spent: \w+|reset: \[[^]]*\])", "", text)
         text = re.sub(r", after: (\{[^}]*\}|\w+)", "", text)
@@ -240,7 +242,7 @@ def queue_variant(plain: bool, keep_caps: bool = False) -> tuple[Any, str]:
     assert checked.machine is not None and checked.ok(), checked.diagnostics
     folder = Path(tempfile.mkdtemp(prefix="fsmc-bench-queue-"))
     files = {path.rsplit("/", 1)[-1]: text for path, text in generate(checked.machine).files.items()}
-    name = f"fsm_queue_{'plain' if plain else 'retries'}{'_caps' if keep_caps else ''}"
+    name = f"fsm_queue_{'plain' if plain else 'retries'}{'_caps' if keep_caps else ''}{'' if notify else '_quiet'}"
     (folder / f"{name}.py").write_text(files["fsm_queue.py"])
     spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
@@ -250,9 +252,9 @@ def queue_variant(plain: bool, keep_caps: bool = False) -> tuple[Any, str]:
     return module, files["queue.sql"]
 
 
-def fsmc_queue(plain: bool, keep_caps: bool = False) -> Callable[[str, str, int, int], float]:
+def fsmc_queue(plain: bool, keep_caps: bool = False, notify: bool = True) -> Callable[[str, str, int, int], float]:
     def run(dsn: str, schema: str, jobs: int, workers: int) -> float:
-        queue, text = queue_variant(plain, keep_caps)
+        queue, text = queue_variant(plain, keep_caps, notify)
         fresh_schema(dsn, schema)
         with psycopg.connect(dsn, options=options(schema)) as conn:
             conn.execute(text.encode())
@@ -289,6 +291,7 @@ def fsmc_queue(plain: bool, keep_caps: bool = False) -> Callable[[str, str, int,
 CONTENDERS: dict[str, Callable[[str, str, int, int], float]] = {
     "fsmc asyncio": fsmc_asyncio,
     "fsmc queue retries": fsmc_queue(plain=False),
+    "fsmc queue no wake-ups": fsmc_queue(plain=False, notify=False),
     "fsmc queue caps": fsmc_queue(plain=True, keep_caps=True),
     "fsmc queue plain": fsmc_queue(plain=True),
     "fsmc threads": fsmc_threads,
@@ -297,15 +300,161 @@ CONTENDERS: dict[str, Callable[[str, str, int, int], float]] = {
 }
 
 
+# --- latency: from enqueue to claim, jobs arriving one at a time to idle workers -----------
+#
+# A producer enqueues one job every --gap seconds while the workers wait for work; each
+# job's latency is from the moment the producer starts its enqueue to the moment a
+# worker holds it (fsmc: the claim returned; procrastinate and pgqueuer: the task
+# starts). fsmc's workers sleep in `await_for` (wake-ups), or, as before them, poll
+# every 50 ms; procrastinate's and pgqueuer's use their own LISTEN/NOTIFY.
+
+
+async def fsmc_latency_run(dsn: str, schema: str, jobs: int, workers: int, gap: float, wake: bool) -> list[float]:
+    queue, text = queue_variant(plain=False)
+    fresh_schema(dsn, schema)
+    with psycopg.connect(dsn, options=options(schema)) as conn:
+        conn.execute(text.encode())
+        conn.commit()
+    started: dict[Any, float] = {}
+    held: dict[Any, float] = {}
+    done = asyncio.Event()
+
+    async def work(n: int) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, options=options(schema), autocommit=True) as conn:
+            while not done.is_set():
+                claimed = await queue.aclaim(conn, queue.Event.FETCH, actor=f"w{n}", schema=schema)
+                if claimed:
+                    held[claimed[0].id] = time.perf_counter()
+                    await queue.atransition(conn, claimed[0].id, queue.Event.COMPLETE,
+                                            expected_version=claimed[0].version, actor=f"w{n}", schema=schema)  # fmt: skip
+                elif wake:
+                    await queue.await_for(conn, queue.Event.FETCH, timeout=0.5, schema=schema)
+                else:
+                    await asyncio.sleep(0.05)
+
+    async def produce() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, options=options(schema), autocommit=True) as conn:
+            for _ in range(jobs):
+                await asyncio.sleep(gap)
+                start = time.perf_counter()
+                row = await (await conn.execute("INSERT INTO queue_jobs DEFAULT VALUES RETURNING id")).fetchone()
+                assert row is not None
+                started[row[0]] = start
+            while len(held) < jobs:
+                await asyncio.sleep(0.01)
+            done.set()
+
+    await asyncio.gather(produce(), *(work(n) for n in range(workers)))
+    return [held[i] - started[i] for i in started]
+
+
+def procrastinate_latency_run(dsn: str, schema: str, jobs: int, workers: int, gap: float) -> list[float]:
+    import procrastinate
+
+    fresh_schema(dsn, schema)
+    latencies: list[float] = []
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+        conninfo=dsn, kwargs={"options": options(schema)}, min_size=1, max_size=workers + 3))  # fmt: skip
+
+    @app.task(name="stamp")
+    async def stamp(start: float) -> None:
+        latencies.append(time.perf_counter() - start)
+
+    async def main() -> None:
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            worker = asyncio.create_task(app.run_worker_async(
+                concurrency=workers, wait=True, install_signal_handlers=False, listen_notify=True))  # fmt: skip
+            await asyncio.sleep(0.5)  # its LISTEN in place
+            for _ in range(jobs):
+                await asyncio.sleep(gap)
+                await stamp.defer_async(start=time.perf_counter())
+            while len(latencies) < jobs:
+                await asyncio.sleep(0.01)
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+
+    asyncio.run(main())
+    return latencies
+
+
+def pgqueuer_latency_run(dsn: str, schema: str, jobs: int, workers: int, gap: float) -> list[float]:
+    from pgqueuer import PgQueuer, PsycopgDriver, Queries
+    from pgqueuer.domain.types import QueueExecutionMode
+
+    fresh_schema(dsn, schema)
+    latencies: list[float] = []
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, options=options(schema), autocommit=True) as conn, \
+                await psycopg.AsyncConnection.connect(dsn, options=options(schema), autocommit=True) as producer:  # fmt: skip
+            driver = PsycopgDriver(conn)
+            await Queries(driver).install()
+            pgq = PgQueuer(driver)
+
+            @pgq.entrypoint("stamp")
+            async def stamp(job: Any) -> None:
+                latencies.append(time.perf_counter() - float(job.payload.decode()))
+
+            runner = asyncio.create_task(pgq.run(mode=QueueExecutionMode.continuous, max_concurrent_tasks=max(2, workers),
+                                                 batch_size=1))  # fmt: skip
+            await asyncio.sleep(0.5)  # its LISTEN in place
+            queries = Queries(PsycopgDriver(producer))
+            for _ in range(jobs):
+                await asyncio.sleep(gap)
+                await queries.enqueue(["stamp"], [str(time.perf_counter()).encode()], [0])
+            while len(latencies) < jobs:
+                await asyncio.sleep(0.01)
+            pgq.shutdown.set()
+            await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
+    return latencies
+
+
+LATENCY: dict[str, Callable[[str, str, int, int, float], list[float]]] = {
+    "fsmc wake-ups": lambda d, s, j, w, g: asyncio.run(fsmc_latency_run(d, s, j, w, g, wake=True)),
+    "fsmc 50 ms poll": lambda d, s, j, w, g: asyncio.run(fsmc_latency_run(d, s, j, w, g, wake=False)),
+    "procrastinate": procrastinate_latency_run,
+    "pgqueuer": pgqueuer_latency_run,
+}
+
+
+def latency_main(args: argparse.Namespace) -> None:
+    print(f"# latency from enqueue to claim: {args.jobs} jobs, one every {args.gap * 1000:.0f} ms, to idle workers;"
+          " median / p99 in ms")  # fmt: skip
+    print(f"{'contender':<16}" + "".join(f"{f'{w} worker(s)':>20}" for w in args.workers))
+    for name, run in LATENCY.items():
+        if args.only and name not in args.only:
+            continue
+        cells = []
+        for workers in args.workers:
+            schema = "bench_latency_" + name.replace(" ", "_").replace("-", "_")
+            got = sorted(run(args.dsn, schema, args.jobs, workers, args.gap))
+            assert len(got) == args.jobs, (name, len(got))
+            median, p99 = got[len(got) // 2], got[min(len(got) - 1, int(len(got) * 0.99))]
+            cells.append(f"{median * 1000:>8.2f} / {p99 * 1000:>7.2f}")
+            with psycopg.connect(args.dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        print(f"{name:<16}" + "".join(f"{c:>20}" for c in cells), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--only", nargs="+", choices=sorted(CONTENDERS), default=sorted(CONTENDERS))
+    parser.add_argument("--only", nargs="+", choices=sorted([*CONTENDERS, *LATENCY]), default=None)
+    parser.add_argument("--latency", action="store_true",
+                        help="measure latency from enqueue to claim (jobs arriving one at a time) instead")
+    parser.add_argument("--gap", type=float, default=0.01, help="--latency: seconds between two enqueues")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # the peers log every job at INFO
+    if args.latency:
+        latency_main(args)
+        return 0
+    args.only = args.only or sorted(CONTENDERS)
     with psycopg.connect(args.dsn) as conn:
         version = conn.execute("SHOW server_version").fetchone()
     print(f"# {args.jobs} no-op jobs, best of {args.rounds}; PostgreSQL {version[0] if version else '?'},"

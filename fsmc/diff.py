@@ -129,7 +129,8 @@ class Option:
 
     Adding a lease where there was none is compatible (columns and functions are
     added). A cap (`caps.<event>`, an int) added or lowered is breaking (rows that
-    could still fire the event no longer can), raised or removed is not. A declared
+    could still fire the event no longer can), raised or removed is not;
+    `postgres.notify` changes are compatible (`_COMPATIBLE`). A declared
     column (`postgres.columns.<name>`) follows `_column_options`. Every other
     option change is breaking: a table or id type that code and rows rely on moves,
     the heartbeat and reclaim contract changes, or (1.2's `postgres.claim.order`)
@@ -400,6 +401,8 @@ def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
         "postgres.id_type": (m.postgres.id_type,) * 2,
         # 1.2: the schema the module names by default (its callers' calls move with it)
         "postgres.schema": (str(m.postgres.schema),) * 2,
+        # The events that send wake-ups, a set; None without any.
+        "postgres.notify": (", ".join(m.notified) or None, frozenset(m.notified)),
         # 1.2: the columns a claim may be limited to (as listed: they key its index) and
         # the one it takes the lowest of first
         "postgres.claim.by": (", ".join(m.postgres.claim_by) or None,) * 2,
@@ -410,12 +413,18 @@ def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
     return out
 
 
+# Options whose every change is compatible. `postgres.notify`: wake-ups added or taken
+# away change no row, no move and no call but the waiting one; a worker of the old code
+# whose event no longer notifies still wakes at its timeout, as a poll would.
+_COMPATIBLE = frozenset({"postgres.notify"})
+
+
 def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
     before, after = _option_values(old), _option_values(new)
     gained_lease = old.lease is None and new.lease is not None
     options = [
         Option(name, before[name][0], shown, not (gained_lease and name.startswith("lease.")) and
-               not (name == "postgres.claim.by" and _more_by(old, new)))
+               not (name == "postgres.claim.by" and _more_by(old, new)) and name not in _COMPATIBLE)
         for name, (shown, key) in after.items()
         if before[name][1] != key
     ]  # fmt: skip

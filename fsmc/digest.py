@@ -8,7 +8,8 @@ and the purgeable states, the caps per row, the otherwise and reset of each tran
 the limits, the declared columns by name, each as its table declares it, and
 what a claim may be limited to and ordered by (language 1.2; each absent unless the
 spec uses it) and PostgreSQL options (table, events
-table, id type, defaults resolved; 1.2's `writer_role` only when false).
+table, id type, defaults resolved; 1.2's `writer_role` only when false), and the
+events that notify (`postgres.notify`, absent unless the spec uses it).
 Descriptions, comments, key order, list order, YAML style and `from:` lists versus
 one transition per source leave it unchanged; any change to one of those facts
 changes it. Sets are sorted, since no order among states, events or transitions
@@ -95,6 +96,8 @@ def canonical(machine: Machine) -> str:
         # Every write checked, no writer role: another database, which `fsmc migrate`
         # must not take for one built with a writer (absent otherwise, so digests stay).
         facts["writer_role"] = False
+    if m.notified:
+        facts["notify"] = sorted(m.notified)
     return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

@@ -140,3 +140,18 @@ def tightened_limits(old: Machine, new: Machine) -> list[tuple[str, int]]:
     limit `old` lacks or sets higher, in `new`'s state order."""
     was = old.state_limits
     return [(s, most) for s, most in new.state_limits.items() if s not in was or was[s] > most]
+
+
+def wake_sources(machine: Machine, event: str) -> tuple[list[str], list[str]]:
+    """`postgres.notify`: the states `event` takes rows from, in `states` order, split
+    into those where it fires at once and those where it waits for a due time (a row
+    entering one of either sends a wake-up; only the first are claimable at once)."""
+    sources = [s for s in machine.state_names if (s, event) in machine.targets]
+    return [s for s in sources if (s, event) not in machine.timers], [s for s in sources if (s, event) in machine.timers]
+
+
+def wake_states(machine: Machine) -> list[str]:
+    """The states whose entry sends a wake-up: every source of a `postgres.notify`
+    event, in `states` order."""
+    entered = {s for e in machine.notified for part in wake_sources(machine, e) for s in part}
+    return [s for s in machine.state_names if s in entered]

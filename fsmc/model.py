@@ -173,6 +173,8 @@ class Postgres:
     # it takes the lowest of first (then the oldest). As written: `validate` checks them.
     claim_by: tuple[Text, ...] = ()
     claim_order: Text | None = None
+    # The events whose workers wait for a NOTIFY (`postgres.notify`), as written.
+    notify: tuple[Text, ...] = ()
     # 1.2's `writer_role: false`: no writer role, so every write is checked, the
     # functions' own included (for hosts where nobody can create a role).
     writer_role: bool = True
@@ -322,6 +324,13 @@ class Machine:
         for lim in self.limits:
             given.setdefault(str(lim.state), lim.most)
         return {s: given[s] for s in self.state_names if s in given}
+
+    @cached_property
+    def notified(self) -> tuple[str, ...]:
+        """The events whose workers wait for a NOTIFY (`postgres.notify`), declared
+        ones only, in `events` order."""
+        given = {str(e) for e in self.postgres.notify}
+        return tuple(e for e in self.event_names if e in given)
 
     @property
     def camel_name(self) -> str:
@@ -528,6 +537,7 @@ def _postgres(value: Any, machine: Text) -> Postgres:
     return Postgres(table, events_table, id_type if id_type in ID_TYPES else "uuid", given,
                     schema if schema is not None else "public", _columns(options.get("columns")),
                     _names(claim.get("by")), _name(claim.get("order")),
+                    tuple(dict.fromkeys(_names(options.get("notify")))),
                     options.get("writer_role") is not False)  # fmt: skip
 
 

@@ -227,7 +227,8 @@ def _repeated(doc: Document, parts: list[str | int], where: str, items: Any) -> 
                 return _diag(
                     doc, position_of(doc.root, [*parts, i]),
                     f"{where}[{i}]: {describe_value(item)} is already in the list; "
-                    "a choice names each state once",
+                    + ("it names each event once" if parts == ["postgres", "notify"]
+                       else "a choice names each state once"),
                 )  # fmt: skip
             seen.add(item)
     return _diag(doc, position_of(doc.root, parts), f"{where}: the list repeats an item")

@@ -33,7 +33,7 @@ TABLE_MAX = 63
 RESERVED_CAMEL = frozenset(
     {"State", "Event", "IllegalTransition", "CapReached", "Connection", "AsyncConnection",
      "UnknownRow", "StateName", "EventName", "INITIAL", "INITIALS", "PURGEABLE", "TERMINAL", "NotDue", "NOT_DUE_SQLSTATE", "LimitReached", "LIMITS", "LIMIT_REACHED_SQLSTATE", "TRANSITIONS", "CHOICES", "CAPS",
-     "SCHEMA",
+     "SCHEMA", "NOTIFIED", "ListeningConnection", "AsyncListeningConnection",
      "ILLEGAL_TRANSITION_SQLSTATE", "CAP_REACHED_SQLSTATE", "UNKNOWN_ROW_SQLSTATE"}
 )  # fmt: skip
 # Built-ins a class of that name would shadow in the module, which catches KeyError,
@@ -222,6 +222,7 @@ def unknown_event(m: Machine) -> Iterator[Diagnostic]:
     if m.lease:
         refs.append(("lease.reclaim", m.lease.reclaim))
     refs += [("caps", c.event) for c in m.caps]
+    refs += [("postgres.notify", e) for e in m.postgres.notify]
     yield from _unknown(m, refs, m.event_names, codes.UNKNOWN_EVENT, "event")
 
 

@@ -72,6 +72,8 @@ FACTS: dict[str, tuple[int, bool, set[str]]] = {
     # 1.2's claim: a column a claim may be limited to added (compatible), an order
     # where claims took the oldest first (breaking).
     "claim": (1, True, {"options"}),
+    # Wake-ups: an event added to postgres.notify (compatible, as every notify change).
+    "notify": (1, False, {"options"}),
     "mermaid_keywords": (
         1,
         True,

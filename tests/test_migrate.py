@@ -218,7 +218,7 @@ MIGRATING = [
     "reordered_and_changed", "initials_and_purgeable", "budgets", "timed",
     "limits_added", "limits_changed", "limits_removed",
     "columns_added", "columns_removed", "column_retyped", "column_defaults_changed", "column_made_not_null",
-    "claim_changed",
+    "claim_changed", "notify_added", "notify_removed",
 ]  # fmt: skip
 
 
@@ -318,6 +318,10 @@ def test_the_cases_cover_what_migrate_must_handle() -> None:
     }  # fmt: skip
     assert {(o.name, o.new) for o in changes("claim_changed").options} == {
         ("postgres.claim.by", "queue"), ("postgres.claim.order", "priority")}  # fmt: skip
+    notify = {case: {(o.name, o.old, o.new, o.breaking) for o in changes(case).options}
+              for case in ("notify_added", "notify_removed")}  # fmt: skip
+    assert notify == {"notify_added": {("postgres.notify", None, "claim, retry", False)},
+                      "notify_removed": {("postgres.notify", "claim, retry", None, False)}}  # fmt: skip
     for case in MIGRATING:
         assert migrate(spec(case, "old"), spec(case, "new")), case
 

@@ -43,7 +43,7 @@ from fsmc.migrate import migrate
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
 from fsmc.targets.postgres.build import build, emit
-from fsmc.targets.postgres.names import Names
+from fsmc.targets.postgres.names import Names, wake_channel
 from tests import migrating as tm
 from tests.harness import refused, snapshot, sqlstate_of
 from tests.pg_scratch import (
@@ -291,7 +291,9 @@ TRAP_TYPES = ["text", "jsonb", "bigint", "integer", "uuid", "timestamptz", "inte
 # And where an operand would need a cast to reach the built-in (1.2's due times:
 # `integer * interval` has no operator of its own; `float8 * interval` has).
 TRAP_MIXED = [("*", "integer", "interval", "interval"), ("*", "integer", "double precision", "double precision"),
-              ("*", "bigint", "interval", "interval"), ("+", "timestamptz", "integer", "timestamptz")]  # fmt: skip
+              ("*", "bigint", "interval", "interval"), ("+", "timestamptz", "integer", "timestamptz"),
+              # the wake-up's channel: TG_TABLE_SCHEMA is a `name`, cast to text before `||`
+              ("||", "name", "text", "text")]  # fmt: skip
 
 
 def plant_trap_operators(evil: psycopg.Connection[Any]) -> None:
@@ -349,6 +351,9 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, sp
                 evil.execute(f"CREATE FUNCTION public.format(text, {args}) RETURNS text"
                              " LANGUAGE sql AS $$ SELECT 'PWNED ' || nextval('public.marker') $$")  # fmt: skip
             plant_trap_operators(evil)
+        # The wake-ups the moves below send, on the channel the module computes.
+        listener = psycopg.connect(dsn, autocommit=True)
+        listener.execute(f'LISTEN "{wake_channel(name, "public")}"')
         victims = [psycopg.connect(dsn, user=owner, options=TIMEOUTS), psycopg.connect(dsn, options=TIMEOUTS)]
         n = Names.of(machine).sql
         nobody: Any = {"uuid": uuid.uuid4(), "bigint": 10**12, "text": "nobody"}[id_type]
@@ -405,8 +410,14 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, sp
                 if machine.lease is not None:
                     assert conn.execute(f"SELECT * FROM {n.reclaim}('1 hour', 'x')".encode()).fetchall() == []
                 assert conn.execute(f"SELECT {n.purge}('1 hour', 10)".encode()).fetchone() == (0,)
+                for waited in machine.notified:  # the question a waiter asks (its wake-ups were sent above)
+                    conn.execute(f"SELECT {n.claimable_in}(%s)".encode(), (waited,))
                 conn.commit()
                 assert conn.execute("SELECT is_called FROM public.marker").fetchone() == (False,)
+        with listener:
+            woken = {note.payload for note in listener.notifies(timeout=0.5)}
+        # queue: jobs born available, one moved on into retryable
+        assert woken == ({"available", "retryable"} if machine.notified else set()), woken
     finally:
         if writer is None:  # the file may have made it and failed after
             with contextlib.suppress(psycopg.OperationalError), psycopg.connect(dsn, autocommit=True) as su:

@@ -19,6 +19,10 @@ completed or discarded, printing what it does:
   backoff, 1 s doubling, is the database's, so there is no retry loop or poller here),
   and purges finished jobs older than --keep (`queue.apurge`).
 
+Nobody polls: a worker with nothing to do sleeps in `queue.await_for(FETCH)` until the
+database's NOTIFY says a job is available (the spec's `postgres.notify`), and the
+supervisor in `queue.await_for(RETRY)` until a retry falls due (or its round comes).
+
 Every move goes through the database function, in its own short transaction: the
 event log (`queue_job_events`) is the whole story, and `queue_intervals` answers how
 long each stay took. `--chaos` kills workers at random moments (tasks cancelled,
@@ -129,7 +133,9 @@ async def worker(pool: Pool, name: str, pid: list[int], stop: asyncio.Event) -> 
             pid.append(conn.info.backend_pid)
             while not stop.is_set():
                 if not await work_one(pool, conn, name):
-                    await asyncio.sleep(0.05)  # nothing available
+                    # Nothing available: sleep until the database says a job may be
+                    # (postgres.notify), or half a second passed (to see `stop`).
+                    await queue.await_for(conn, queue.Event.FETCH, timeout=0.5, schema=pool.settings.schema)
     except asyncio.CancelledError:
         pool.dead.add(name)
         pool.say(name, "cancelled")
@@ -211,7 +217,8 @@ async def run(connect: Connect, jobs: int, settings: Settings,
             while await remaining(conn):
                 spawn(pool, stop)
                 await supervise(pool, conn)
-                await asyncio.sleep(0.2)
+                # Until a retry falls due, or 0.2 s for the leases and the pool.
+                await queue.await_for(conn, queue.Event.RETRY, timeout=0.2, schema=settings.schema)
         finally:
             stop.set()
             if killer is not None:

@@ -4,10 +4,12 @@ to the module's table by hand makes it fail."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fsmc import columns
 from fsmc.escape import py_str
+from fsmc.facts import wake_sources
 from fsmc.model import DeclaredColumn, Machine
 from fsmc.targets.common import ID_TYPES, Header, module_name
 from fsmc.targets.postgres.build import Build, SuiteContext, suite_context
@@ -44,6 +46,8 @@ class TestFileContext:
     uses_decimal: bool  # a numeric column: its values are decimal.Decimal
     sample_id: str  # a Python expression
     sql: SuiteContext  # the database's side, SQLSTATEs included (`sql.codes`)
+    # postgres.notify: (event, its sources where it fires at once, its timed sources)
+    notified: list[tuple[str, list[str], list[str]]] = dataclasses.field(default_factory=list)
 
 
 def emit(machine: Machine, pg: Build) -> str:
@@ -71,6 +75,7 @@ def emit(machine: Machine, pg: Build) -> str:
         uses_decimal=any(columns.TYPES[c.type].python == "decimal.Decimal" for c in m.postgres.columns),
         sample_id=ID_TYPES[m.postgres.id_type].sample,
         sql=suite_context(pg),
+        notified=[(e, *wake_sources(m, e)) for e in m.notified],
     )))
 
 

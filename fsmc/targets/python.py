@@ -4,13 +4,15 @@ single targets, CHOICES, CAPS), apply, the dataclass with its cap counts, and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
 from fsmc import columns
+from fsmc.facts import wake_sources
 from fsmc.model import DeclaredColumn, Machine
 from fsmc.targets.common import ID_TYPES, Header
-from fsmc.targets.postgres.names import Names, cap_column, count_column
+from fsmc.targets.postgres.names import Names, cap_column, count_column, wake_channel_head
 from fsmc.targets.sqlstate import Codes
 from fsmc.templating import as_variables, render
 
@@ -32,7 +34,8 @@ def cap_field(event: str) -> str:
     return cap_column(event)
 
 
-def exports(class_name: str, lease: bool, timed: bool = False, limits: bool = False) -> list[str]:
+def exports(class_name: str, lease: bool, timed: bool = False, limits: bool = False,
+            notify: bool = False) -> list[str]:  # fmt: skip
     """`__all__`, in the order linters want it: CONSTANTS, Classes, functions."""
     names = ["CAPS", "CHOICES", "INITIAL", "INITIALS", "PURGEABLE", "SCHEMA", "TERMINAL", "TRANSITIONS", "AsyncConnection",
              "CapReached", "Connection", "Event", "IllegalTransition", "State", "UnknownRow",
@@ -45,6 +48,8 @@ def exports(class_name: str, lease: bool, timed: bool = False, limits: bool = Fa
         names += ["NotDue"]
     if limits:
         names += ["LIMITS", "LimitReached"]
+    if notify:
+        names += ["NOTIFIED", "AsyncListeningConnection", "ListeningConnection", "wake_channel", "wait_for", "await_for"]
 
     def rank(name: str) -> tuple[int, str]:
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
@@ -103,6 +108,11 @@ class ModuleContext:
     claim_by: list[tuple[str, str, str]]
     lease: bool
     reclaim_event: str
+    # `postgres.notify`: (event member, its sources where it fires at once, its timed
+    # sources), the channel's head (`names.wake_channel`) and the function a waiter asks
+    notified: list[tuple[str, list[str], list[str]]] = dataclasses.field(default_factory=list)
+    wake_head: str = ""
+    claimable_in_function: str = ""
 
 
 def context(machine: Machine) -> ModuleContext:
@@ -114,7 +124,8 @@ def context(machine: Machine) -> ModuleContext:
         header=Header.of(m),
         machine=str(m.name),
         class_name=m.camel_name,
-        exports=exports(m.camel_name, m.lease is not None, bool(m.timers), bool(m.state_limits)),
+        exports=exports(m.camel_name, m.lease is not None, bool(m.timers), bool(m.state_limits),
+                        bool(m.notified)),  # fmt: skip
         timed=bool(m.timers),
         due_given=any(t.kind == "due_at" for t in m.timers.values()),
         description=m.description,
@@ -158,6 +169,9 @@ def context(machine: Machine) -> ModuleContext:
         uses_decimal=any(columns.TYPES[c.type].python == "decimal.Decimal" for c in m.postgres.columns),
         lease=m.lease is not None,
         reclaim_event=str(m.lease.reclaim) if m.lease is not None else "",
+        notified=[(member(e), *wake_sources(m, e)) for e in m.notified],
+        wake_head=wake_channel_head(str(m.name)),
+        claimable_in_function=names.claimable_in,
     )
 
 

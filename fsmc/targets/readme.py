@@ -4,12 +4,15 @@ description cannot add a row, a heading or HTML."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from fsmc.facts import wake_sources
 from fsmc.model import Lease, Machine
 from fsmc.targets.common import Header, Paths
 from fsmc.targets.postgres.build import Build, declared_column
 from fsmc.targets.postgres.install import app_grants
+from fsmc.targets.postgres.names import wake_channel
 from fsmc.templating import as_variables, render
 
 
@@ -34,6 +37,10 @@ class ReadmeContext:
     grants: list[str]
     sql_file: str
     test_file: str
+    # postgres.notify: (event, the states whose entry wakes its workers), and the channel
+    # of the installation in `schema`
+    wakes: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    channel: str = ""
 
 
 def _declared(m: Machine) -> list[tuple[str, str]]:
@@ -101,4 +108,6 @@ def emit(machine: Machine, diagram: str, pg: Build) -> str:
         grants=app_grants(pg.install, m.postgres.schema, "app_worker"),
         sql_file=paths.sql.split("/", 1)[1],
         test_file=paths.tests.split("/", 1)[1],
+        wakes=[(e, ", ".join(f"`{s}`" for part in wake_sources(m, e) for s in part)) for e in m.notified],
+        channel=wake_channel(str(m.name), m.postgres.schema) if m.notified else "",
     )))

@@ -160,6 +160,7 @@ from fsmc.targets.postgres.names import (
     count_check,
     count_column,
     domain_names,
+    wake_channel_sql,
 )
 from fsmc.targets.sqlstate import Codes
 from fsmc.templating import as_variables, environment, render
@@ -251,6 +252,31 @@ class LimitsContext:
 
 
 @dataclass(frozen=True)
+class WakeEvent:
+    """An event of `postgres.notify`, as `_claimable_in` looks for its rows."""
+
+    event: str
+    untimed: str  # its sources without a timer, a text[] ("" for none)
+    claimable: bool  # those sources are all claimable: the claim index has their rows
+    timed: str  # its timed sources, a text[] ("" for none): the due index has their rows
+    limited: str  # the limited states it may move rows into, a text[] ("" for none)
+    under_cap: str  # `AND (...)`: a capped event's budget lets it fire on t ("" uncapped)
+
+
+@dataclass(frozen=True)
+class WakeContext:
+    """`postgres.notify`: what the wake-up trigger function and `_claimable_in` need."""
+
+    channel: str  # the installation's channel, an SQL expression over TG_TABLE_SCHEMA
+    events: list[WakeEvent]
+    notified: str  # the events that notify, as a message lists them
+    # 1.2's `postgres.claim.by`: (column, `_claimable_in`'s parameter), as a claim is
+    # limited (NULL: any), and the ORDER BY of the claim index an untimed event reads
+    by: list[tuple[str, str]]
+    order: str
+
+
+@dataclass(frozen=True)
 class BodyContext:
     """What templates/machine_bodies.sql.j2 fills in (its fields are its variables)."""
 
@@ -279,6 +305,7 @@ class BodyContext:
     # 1.2's `postgres.writer_role`: false, the guard sees the functions' moves too, and
     # leaves what they stamped as it is.
     writer_role: bool
+    waking: WakeContext | None = None  # with `postgres.notify`
 
 
 @dataclass(frozen=True)
@@ -492,6 +519,13 @@ def build(machine: Machine) -> Build:
         # The owner's, for every writer: the writer role's moves count like any other.
         trigger_function(names.count_limits, "count_limits", attributes=("SECURITY DEFINER",),
                          comment=comments.COUNT_LIMITS)  # fmt: skip
+    if c.waking is not None:
+        # The caller's: sending a notification needs no privilege.
+        trigger_function(names.notify, "notify", comment=comments.NOTIFY)
+        function(names.claimable_in, Parameter("event", "text"),
+                 *(Parameter(str(name), columns.TYPES[declared_types[name]].sql, "NULL") for name in m.postgres.claim_by),
+                 returns="double precision", body=body("claimable_in"), settings=_SEQSCAN_OFF,
+                 comment=comments.CLAIMABLE_IN)  # fmt: skip
 
     born_elsewhere = " OR ".join(
         [
@@ -536,6 +570,15 @@ def build(machine: Machine) -> Build:
             Trigger(n.limits_delete, n.table, "AFTER", "DELETE", n.count_limits, when=c.limits.old_limited),
             # A TRUNCATE of rows without history (the guard refuses the others) empties every state.
             Trigger(n.limits_truncate, n.table, "AFTER", "TRUNCATE", n.count_limits, for_each="STATEMENT"),
+        )
+    if c.waking is not None:
+        # No `writer`: the writer role's moves (a claim of a retry, say) wake workers too.
+        entered = sql_any("NEW.state", facts.wake_states(m))
+        triggers += (
+            Trigger(n.notify_insert, n.table, "AFTER", "INSERT", n.notify, when=entered,
+                    comment=comments.NOTIFY_TRIGGERS),  # fmt: skip
+            Trigger(n.notify_update, n.table, "AFTER", "UPDATE OF state", n.notify,
+                    when=entered),  # fmt: skip
         )
     schema = Schema(tables, indexes, tuple(f for _, f in functions), triggers, views, domains)
     every = (*dict.fromkeys(raw for raw, _ in functions), *([names.writer] if m.postgres.writer_role else []))
@@ -618,6 +661,51 @@ def limits_table(m: Machine, n: Quoted, id_type: str) -> Table:
               f"FROM (VALUES {values}) AS v (state, slots);"),  # fmt: skip
         comment=comments.LIMITS,
     )
+
+
+def wake_context(m: Machine, n: Quoted, claimable: list[str], limits: LimitsContext | None) -> WakeContext | None:
+    if not m.notified:
+        return None
+    limited = dict(limits.claim_targets) if limits is not None else {}
+    events = []
+    for event in m.notified:
+        untimed, timed = facts.wake_sources(m, event)
+        events.append(WakeEvent(
+            event=event,
+            untimed=sql_text_array(untimed) if untimed else "",
+            claimable=all(s in claimable for s in untimed),
+            timed=sql_text_array(timed) if timed else "",
+            limited=limited.get(event, ""),
+            under_cap=_wake_under_cap(m, event),
+        ))  # fmt: skip
+    return WakeContext(
+        channel=wake_channel_sql(str(m.name), "TG_TABLE_SCHEMA::pg_catalog.text"),
+        events=events,
+        notified=", ".join(m.notified),
+        by=[(str(c), f"{n.claimable_in}.{c}") for c in m.postgres.claim_by],
+        order=", ".join(f"t.{c}" for c in claim_key(m)),
+    )
+
+
+def _wake_under_cap(m: Machine, event: str) -> str:
+    """`AND (...)` when `event` is capped: its count is under its cap, or (1.2) the row
+    is where a spent budget sends the move to its `otherwise` instead, and that budget
+    is spent: the claim's own test, for this one event."""
+    if event not in m.cap_limits:
+        return ""
+
+    def compared(budget: str, operator: str) -> str:
+        count = sql_ident(count_column(budget))
+        cap = f"t.{sql_ident(cap_column(budget))}" if budget in m.per_row_caps else str(m.cap_limits[budget])
+        return f"t.{count} {operator} {cap}"
+
+    rescued: dict[str, list[str]] = {}  # budget -> the sources where it sends the move elsewhere
+    for (s, e), (_to, budget) in m.otherwise.items():
+        if e == event:
+            rescued.setdefault(budget, []).append(s)
+    either = [compared(event, "<")]
+    either += [f"(t.state = ANY ({sql_text_array(states)}) AND {compared(b, '>=')})" for b, states in rescued.items()]
+    return "AND (" + " OR ".join(either) + ")"
 
 
 def limits_context(m: Machine) -> LimitsContext | None:
@@ -728,6 +816,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         digest=machine_digest(m),
         limits=limits_context(m),
         writer_role=m.postgres.writer_role,
+        waking=wake_context(m, n, claimable, limits_context(m)),
         caps=[
             CapContext(
                 event=event,

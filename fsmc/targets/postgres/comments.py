@@ -135,6 +135,28 @@ LIMITS_TRIGGERS = (
     "their WHEN clauses): the limit is the table's, whoever moves the rows. A write that",
     "neither enters nor leaves a limited state never reaches the function.",
 )
+NOTIFY = (
+    "postgres.notify: a wake-up for the workers of the listed events. One channel per",
+    "installation (its name derives from this schema's and the machine's, so the module",
+    "computes it too); the payload is the state the row entered. PostgreSQL sends a",
+    "notification at COMMIT, folding repeats within a transaction: a batch insert sends",
+    "one. Any role may NOTIFY any channel: a forged one only wakes a worker to find nothing.",
+)
+NOTIFY_TRIGGERS = (
+    "A row trigger whose WHEN clause holds the states a listed event takes rows from:",
+    "every other write (a heartbeat, a move elsewhere) never reaches the function, and a",
+    "statement trigger would need a transition table, which holds every row the",
+    "statement writes, heartbeats included. The WHEN clause is rebuilt for every",
+    "statement that sets state, so it holds the list and nothing else (a move that stays",
+    "in such a state sends a wake-up too: one more claim that may find nothing).",
+)
+CLAIMABLE_IN = (
+    "In how many seconds a row is next claimable by a listed event: 0 when one is now,",
+    "the wait for the earliest due row of a timed event, NULL when none waits (or every",
+    "place of a limited state the event moves rows into is taken). The module's",
+    "wait_for() reads it after its LISTEN, so a row committed before then is never",
+    "missed. The claim's own predicates, read through the claim's and the due indexes.",
+)
 
 
 def guard_update(*, before: bool, writer_role: bool) -> tuple[str, ...]:

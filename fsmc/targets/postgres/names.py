@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, fields
 from functools import cached_property
 
-from fsmc.escape import sql_ident, sql_name
+from fsmc.escape import sql_ident, sql_name, sql_str
 from fsmc.model import Machine
 
 
@@ -70,6 +70,12 @@ class Names:
     limits_update: str
     limits_delete: str
     limits_truncate: str
+    # `postgres.notify`: the trigger function sending the wake-ups, its triggers, and
+    # the function telling a waiter when a row is next claimable
+    notify: str
+    notify_insert: str
+    notify_update: str
+    claimable_in: str
 
     @staticmethod
     def of(machine: Machine) -> Names:
@@ -118,6 +124,10 @@ class Names:
             limits_update=sql_name(m, "limits_update"),
             limits_delete=sql_name(m, "limits_delete"),
             limits_truncate=sql_name(m, "limits_truncate"),
+            notify=sql_name(m, "notify"),
+            notify_insert=sql_name(m, "notify_insert"),
+            notify_update=sql_name(m, "notify_update"),
+            claimable_in=sql_name(m, "claimable_in"),
         )
 
     @cached_property
@@ -227,3 +237,32 @@ def writer_role(machine: str, database: str, schema: str) -> str:
         head = head[:-1]
     qualified = ".".join(quote_ident(n) for n in (database, schema, machine))
     return f"{head}_writer_{hashlib.sha256(qualified.encode()).hexdigest()[:10]}"
+
+
+WAKE_HEAD_BYTES = 40  # the wake-up channel's name: <machine> cut to this, then _wake_<hash>
+
+
+def wake_channel_head(machine: str) -> str:
+    """What every wake-up channel of `machine` starts with (`wake_channel`)."""
+    return f"{machine.encode()[:WAKE_HEAD_BYTES].decode(errors='ignore')}_wake_"
+
+
+def wake_channel(machine: str, schema: str) -> str:
+    """The channel the installation of `machine` in `schema` sends its wake-ups on
+    (`postgres.notify`): `<machine>` cut to 40 bytes, `_wake_`, and 10 hex digits of
+    the sha256 of `<schema>.<machine>` (unambiguous: a machine's name has no dot).
+    Notifications never leave their database, so the database is not in it (the
+    writer role's name has it: roles are the cluster's). 56 bytes at most, within
+    PostgreSQL's 63 for a channel; the trigger function computes the same in SQL
+    (`wake_channel_sql`), and the generated module in Python."""
+    digest = hashlib.sha256(f"{schema}.{machine}".encode()).hexdigest()[:10]
+    return wake_channel_head(machine) + digest
+
+
+def wake_channel_sql(machine: str, schema: str) -> str:
+    """`wake_channel` as an SQL expression over `schema`, an SQL text expression (the
+    trigger's TG_TABLE_SCHEMA, cast): the head is a literal, the hash is computed."""
+    return (
+        f"{sql_str(wake_channel_head(machine))} || pg_catalog.left(pg_catalog.encode(pg_catalog.sha256("
+        f"pg_catalog.convert_to({schema} || {sql_str('.' + machine)}, 'UTF8')), 'hex'), 10)"
+    )
