@@ -204,9 +204,10 @@ async def run(connect: Connect, jobs: int, settings: Settings,
     stop = asyncio.Event()
     async with await connect() as conn:
         async with conn.transaction():
-            async with conn.cursor() as cur:
-                # Each job's own budget of attempts (the spec's cap per row, fetch_cap).
-                await cur.executemany("INSERT INTO queue_jobs (fetch_cap) VALUES (%s)", [(settings.max_tries,)] * jobs)
+            # One INSERT for the batch; each job its own budget of attempts (the spec's cap
+            # per row, fetch_cap) and its arguments (a declared column, args).
+            await queue.acreate_many(conn, [{"fetch_cap": settings.max_tries, "args": {"n": n}} for n in range(jobs)],
+                                     schema=settings.schema)  # fmt: skip
         pool.say("relayd", f"enqueued {jobs} jobs; {settings.workers} workers")
         killer = None
         if settings.chaos:
