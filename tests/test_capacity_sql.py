@@ -253,13 +253,62 @@ def by_claim(db: Scratch, conn: psycopg.Connection[Any], row_id: int, rng: rando
         time.sleep(rng.uniform(0, 0.002))
 
 
+def by_claim_under_repeatable_read(db: Scratch, conn: psycopg.Connection[Any], row_id: int,
+                                   rng: random.Random) -> None:  # fmt: skip
+    """A claim whose snapshot is taken before it locks its slots (REPEATABLE READ): a
+    slot taken or freed by a commit since then is a lost race (40001), tried again."""
+    while True:
+        try:
+            conn.execute(b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            conn.execute(db.q("SELECT count(*) FROM {table}"))  # the snapshot, before the claim
+            time.sleep(rng.uniform(0, 0.001))  # others commit meanwhile
+            claimed = conn.execute(db.q("SELECT id, state_version FROM {claim}('start', 'w', 5)")).fetchall()
+            conn.commit()
+            break
+        except psycopg.Error as error:
+            conn.rollback()
+            assert sqlstate_of(error) == "40001", error
+    for other, version in claimed:
+        finish(db, conn, other, version)
+    if not claimed:
+        time.sleep(rng.uniform(0, 0.002))
+
+
 def mixed(db: Scratch, conn: psycopg.Connection[Any], row_id: int, rng: random.Random) -> None:
-    rng.choice((by_apply, by_direct_write, by_claim))(db, conn, row_id, rng)
+    rng.choice((by_apply, by_direct_write, by_claim, by_claim_under_repeatable_read))(db, conn, row_id, rng)
 
 
-@pytest.mark.parametrize("move", [by_apply, by_claim, by_direct_write, mixed], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("move", [by_apply, by_claim, by_claim_under_repeatable_read, by_direct_write, mixed],
+                         ids=lambda f: f.__name__)  # fmt: skip
 def test_no_commit_ever_leaves_more_rows_in_a_state_than_its_limit(pool: Scratch, move: Move) -> None:
-    race(pool, fresh(pool, ROWS // 4), move)  # 2,000 rows across the four races
+    race(pool, fresh(pool, ROWS // 5), move)  # 2,000 rows across the five races
+
+
+def holders(conn: psycopg.Connection[Any], state: str) -> set[int]:
+    return {r[0] for r in conn.execute(b"SELECT holder FROM pool_limits WHERE state = %s AND holder IS NOT NULL",
+                                       (state,))}  # fmt: skip
+
+
+def test_a_claim_gives_each_row_it_moves_one_of_the_slots_it_locked(pool: Scratch) -> None:
+    """`_claim` locks free slots, then gives them to the rows it moves in the statement
+    that moves them (the trigger finds each row holding one and takes no other). A claim
+    out of a limited state into another (running -> stalled) gives none: the trigger
+    frees the row's old slot and takes it a new one."""
+    db = pool
+    fresh(db, 0)
+    with db.connect() as app:
+        [walk_to(db, app, []) for _ in range(5)]
+        claimed = app.execute(db.q("SELECT id, state_version FROM {claim}('start', 'w', 5)")).fetchall()
+        assert len(claimed) == LIMIT  # the free places, not max_rows
+        assert holders(app, "running") == {r[0] for r in claimed}
+        assert held(app) == counted(db, app) == {"running": 3, "stalled": 0}
+        app.commit()
+        rescued = app.execute(db.q("SELECT id, state_version FROM {claim}('rescue', 'w', 5)")).fetchall()
+        assert len(rescued) == 1  # stalled's one place
+        assert holders(app, "stalled") == {rescued[0][0]}
+        assert holders(app, "running") == {r[0] for r in claimed} - {rescued[0][0]}
+        assert held(app) == counted(db, app) == {"running": 2, "stalled": 1}
+        app.commit()
 
 
 def walk_to(db: Scratch, conn: psycopg.Connection[Any], events: list[str]) -> int:
@@ -313,6 +362,32 @@ def test_the_slots_cannot_be_written_by_the_application(pool: Scratch) -> None:
         assert sqlstate_of(refused(app, b"UPDATE pool_limits SET holder = NULL")) == "42501"
         assert sqlstate_of(refused(app, b"INSERT INTO pool_limits (state, slot) VALUES ('running', 99)")) == "42501"
         assert sqlstate_of(refused(app, b"DELETE FROM pool_limits")) == "42501"
+
+
+def test_a_slot_the_application_forges_lets_no_row_into_a_full_state(pool: Scratch) -> None:
+    """The counting trigger takes a row that already holds a slot of the state it enters
+    as one `_claim` gave it. The application cannot make a row hold one: it has no grant
+    on the slots (above), a temporary table named like them, first on its search_path,
+    is not what the schema's pinned functions read, and no setting is consulted."""
+    db = pool
+    fresh(db, 0)
+    with db.connect() as app:
+        [walk_to(db, app, ["start"]) for _ in range(LIMIT)]
+        waiting = walk_to(db, app, [])
+        app.execute(b"CREATE TEMP TABLE pool_limits (state text, slot integer, holder bigint)")
+        app.execute(b"INSERT INTO pg_temp.pool_limits VALUES ('running', 1, %s), ('running', 4, %s)",
+                    (waiting, waiting))  # fmt: skip
+        app.execute(f"SET search_path = pg_temp, {db.schema}".encode())
+        app.commit()
+        write = db.q("UPDATE {table} SET state = 'running', state_version = 1 WHERE id = %s")
+        assert sqlstate_of(refused(app, write, (waiting,))) == LIMIT_REACHED
+        assert sqlstate_of(refused(app, db.q("SELECT {apply}(%s, 'start', 0, 'tester')"), (waiting,))) == LIMIT_REACHED
+        assert app.execute(db.q("SELECT * FROM {claim}('start', 'w', 5)")).fetchall() == []
+        app.execute(b"DROP TABLE pg_temp.pool_limits")
+        app.execute(f"SET search_path = {db.schema}".encode())
+        assert db.row(app, waiting) == ("queued", 0)
+        assert held(app) == counted(db, app) == {"running": 3, "stalled": 0}
+        app.commit()
 
 
 def test_an_otherwise_and_a_reclaim_into_a_full_state_are_refused(pool: Scratch, tmp_path: Path) -> None:

@@ -236,6 +236,7 @@ class LimitsContext:
 
     new_limited: str  # NEW.state is a limited state
     old_limited: str  # OLD.state is a limited state
+    moved_from_limited: str  # a row `_claim` moved (`m`) left a limited state
     # (event, the limited states among its targets and otherwise, a text[]): where
     # `_claim` locks free slots before it picks rows
     claim_targets: list[tuple[str, str]]
@@ -599,6 +600,7 @@ def limits_context(m: Machine) -> LimitsContext | None:
     return LimitsContext(
         new_limited=sql_any("NEW.state", limited),
         old_limited=sql_any("OLD.state", limited),
+        moved_from_limited=sql_any("m.from_state", limited),
         claim_targets=full,
     )
 
