@@ -289,11 +289,10 @@ def holders(conn: psycopg.Connection[Any], state: str) -> set[int]:
                                        (state,))}  # fmt: skip
 
 
-def test_a_claim_gives_each_row_it_moves_one_of_the_slots_it_locked(pool: Scratch) -> None:
-    """`_claim` locks free slots, then gives them to the rows it moves in the statement
-    that moves them (the trigger finds each row holding one and takes no other). A claim
-    out of a limited state into another (running -> stalled) gives none: the trigger
-    frees the row's old slot and takes it a new one."""
+def test_each_row_a_claim_moves_holds_one_slot_into_and_between_limited_states(pool: Scratch) -> None:
+    """A claim into running (max_rows 5, 3 places) moves 3 rows, and the slots of
+    running are held by exactly those; a claim out of running into stalled (limit 1)
+    moves one, which frees its slot of running and takes stalled's."""
     db = pool
     fresh(db, 0)
     with db.connect() as app:
@@ -365,10 +364,9 @@ def test_the_slots_cannot_be_written_by_the_application(pool: Scratch) -> None:
 
 
 def test_a_slot_the_application_forges_lets_no_row_into_a_full_state(pool: Scratch) -> None:
-    """The counting trigger takes a row that already holds a slot of the state it enters
-    as one `_claim` gave it. The application cannot make a row hold one: it has no grant
-    on the slots (above), a temporary table named like them, first on its search_path,
-    is not what the schema's pinned functions read, and no setting is consulted."""
+    """The slots keep the limit, and the application cannot write them (above) nor stand
+    in for them: a temporary table named like them, holding the waiting row, first on
+    its search_path, is not what the schema's pinned functions read."""
     db = pool
     fresh(db, 0)
     with db.connect() as app:

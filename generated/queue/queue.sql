@@ -497,9 +497,7 @@ DECLARE
     v_rows integer := queue_claim.max_rows;
     v_limited text[];
     v_full text;
-    v_free integer[];
-    v_slot_states text[];  -- the free slots this claim locked, a state and a slot number each,
-    v_slots integer[];     -- which it gives to the rows it moves into their states
+    v_free bigint;
 BEGIN
     IF v_event IS NULL OR queue_claim.actor IS NULL OR queue_claim.max_rows IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
@@ -534,19 +532,14 @@ BEGIN
     END IF;
     -- Limits: lock free slots of each limited state this event may move rows into (SKIP
     -- LOCKED: those no other transaction is taking), and move no more rows than the
-    -- fewest: the statement below gives those slots to the rows it moves (the trigger
-    -- then finds each row holding one, and takes no other), and this claim never fails
-    -- for want of them.
+    -- fewest: the trigger then takes those slots, and this claim never fails for want of them.
     v_limited := CASE v_event WHEN 'fetch' THEN '{"running"}'::text[] END;
     IF v_limited IS NOT NULL THEN
         FOREACH v_full IN ARRAY v_limited LOOP
-            SELECT pg_catalog.array_agg(l.slot) INTO v_free
-            FROM (SELECT l.slot FROM queue_limits AS l WHERE l.state = v_full AND l.holder IS NULL
-                  ORDER BY l.slot LIMIT v_rows FOR UPDATE SKIP LOCKED) AS l;
-            v_rows := LEAST(v_rows, coalesce(pg_catalog.cardinality(v_free), 0));
-            v_slot_states := pg_catalog.array_cat(v_slot_states,
-                pg_catalog.array_fill(v_full, ARRAY[coalesce(pg_catalog.cardinality(v_free), 0)]));
-            v_slots := pg_catalog.array_cat(v_slots, v_free);
+            PERFORM FROM queue_limits AS l WHERE l.state = v_full AND l.holder IS NULL
+            ORDER BY l.slot LIMIT v_rows FOR UPDATE SKIP LOCKED;
+            GET DIAGNOSTICS v_free = ROW_COUNT;
+            v_rows := LEAST(v_rows, v_free::integer);
         END LOOP;
     END IF;
     -- One statement: lock the oldest rows in the event's source states that no other
@@ -593,16 +586,6 @@ BEGIN
                                 FROM (SELECT '{"scheduled schedule": {"s": "available", "t": {"available": "none"}, "d": 1}, "available fetch": {"s": "running", "t": {"running": "enter"}}, "running complete": {"s": "completed", "t": {"completed": "leave"}}, "running error": {"s": "retryable", "t": {"retryable": "leave"}, "o": "discarded", "ol": "leave", "b": "fetch"}, "running rescue": {"s": "retryable", "t": {"retryable": "leave"}, "o": "discarded", "ol": "leave", "b": "fetch"}, "retryable retry": {"s": "available", "t": {"available": "none"}, "d": 1}, "retryable discard": {"s": "discarded", "t": {"discarded": "none"}}, "scheduled cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "available cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "retryable cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "completed revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}, "cancelled revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}, "discarded revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
-        ), placed AS (
-            -- Each row moved into a limited state gets one of the free slots locked above, the
-            -- n-th row into a state its n-th slot. A row leaving a limited state gets none here
-            -- (it holds its old slot until the trigger frees it): the trigger takes it one.
-            UPDATE queue_limits AS l SET holder = r.id
-            FROM (SELECT m.id, m.to_state, pg_catalog.row_number() OVER (PARTITION BY m.to_state) AS n
-                  FROM moved AS m WHERE NOT (m.from_state = ANY ('{"running"}'::text[]))) AS r,
-                 (SELECT f.state, f.slot, pg_catalog.row_number() OVER (PARTITION BY f.state) AS n
-                  FROM ROWS FROM (pg_catalog.unnest(v_slot_states), pg_catalog.unnest(v_slots)) AS f (state, slot)) AS f
-            WHERE f.state = r.to_state AND f.n = r.n AND l.state = f.state AND l.slot = f.slot
         ), logged AS (
             INSERT INTO queue_job_events (queue_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, queue_claim.actor
@@ -647,16 +630,6 @@ BEGIN
                                 FROM (SELECT '{"scheduled schedule": {"s": "available", "t": {"available": "none"}, "d": 1}, "available fetch": {"s": "running", "t": {"running": "enter"}}, "running complete": {"s": "completed", "t": {"completed": "leave"}}, "running error": {"s": "retryable", "t": {"retryable": "leave"}, "o": "discarded", "ol": "leave", "b": "fetch"}, "running rescue": {"s": "retryable", "t": {"retryable": "leave"}, "o": "discarded", "ol": "leave", "b": "fetch"}, "retryable retry": {"s": "available", "t": {"available": "none"}, "d": 1}, "retryable discard": {"s": "discarded", "t": {"discarded": "none"}}, "scheduled cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "available cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "retryable cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "completed revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}, "cancelled revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}, "discarded revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
-        ), placed AS (
-            -- Each row moved into a limited state gets one of the free slots locked above, the
-            -- n-th row into a state its n-th slot. A row leaving a limited state gets none here
-            -- (it holds its old slot until the trigger frees it): the trigger takes it one.
-            UPDATE queue_limits AS l SET holder = r.id
-            FROM (SELECT m.id, m.to_state, pg_catalog.row_number() OVER (PARTITION BY m.to_state) AS n
-                  FROM moved AS m WHERE NOT (m.from_state = ANY ('{"running"}'::text[]))) AS r,
-                 (SELECT f.state, f.slot, pg_catalog.row_number() OVER (PARTITION BY f.state) AS n
-                  FROM ROWS FROM (pg_catalog.unnest(v_slot_states), pg_catalog.unnest(v_slots)) AS f (state, slot)) AS f
-            WHERE f.state = r.to_state AND f.n = r.n AND l.state = f.state AND l.slot = f.slot
         ), logged AS (
             INSERT INTO queue_job_events (queue_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, queue_claim.actor
@@ -701,16 +674,6 @@ BEGIN
                                 FROM (SELECT '{"scheduled schedule": {"s": "available", "t": {"available": "none"}, "d": 1}, "available fetch": {"s": "running", "t": {"running": "enter"}}, "running complete": {"s": "completed", "t": {"completed": "leave"}}, "running error": {"s": "retryable", "t": {"retryable": "leave"}, "o": "discarded", "ol": "leave", "b": "fetch"}, "running rescue": {"s": "retryable", "t": {"retryable": "leave"}, "o": "discarded", "ol": "leave", "b": "fetch"}, "retryable retry": {"s": "available", "t": {"available": "none"}, "d": 1}, "retryable discard": {"s": "discarded", "t": {"discarded": "none"}}, "scheduled cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "available cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "retryable cancel": {"s": "cancelled", "t": {"cancelled": "none"}}, "completed revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}, "cancelled revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}, "discarded revive": {"s": "available", "t": {"available": "none"}, "r": ["fetch"]}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             RETURNING t.id, p.state AS from_state, x.to_state, t.state_version
-        ), placed AS (
-            -- Each row moved into a limited state gets one of the free slots locked above, the
-            -- n-th row into a state its n-th slot. A row leaving a limited state gets none here
-            -- (it holds its old slot until the trigger frees it): the trigger takes it one.
-            UPDATE queue_limits AS l SET holder = r.id
-            FROM (SELECT m.id, m.to_state, pg_catalog.row_number() OVER (PARTITION BY m.to_state) AS n
-                  FROM moved AS m WHERE NOT (m.from_state = ANY ('{"running"}'::text[]))) AS r,
-                 (SELECT f.state, f.slot, pg_catalog.row_number() OVER (PARTITION BY f.state) AS n
-                  FROM ROWS FROM (pg_catalog.unnest(v_slot_states), pg_catalog.unnest(v_slots)) AS f (state, slot)) AS f
-            WHERE f.state = r.to_state AND f.n = r.n AND l.state = f.state AND l.slot = f.slot
         ), logged AS (
             INSERT INTO queue_job_events (queue_id, version, from_state, event, to_state, actor)
             SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, queue_claim.actor
@@ -1057,7 +1020,6 @@ CREATE FUNCTION queue_count_limits() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 DECLARE
-    v_slot integer;
     v_max bigint;
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
@@ -1068,21 +1030,15 @@ BEGIN
         UPDATE queue_limits AS l SET holder = NULL WHERE l.holder = OLD.id;
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.state = ANY ('{"running"}'::text[]) THEN
-        -- Given one already: `_claim` gives each row it moves here a slot it locked, in
-        -- the statement that moves it. Nothing the application does can make a row hold
-        -- a slot (only this function and `_claim`, as the writer, write them), and a row
-        -- leaving a state frees its slot: entering, it holds none unless `_claim` gave it one.
-        IF TG_OP = 'UPDATE' THEN
-            PERFORM FROM queue_limits AS l WHERE l.holder = NEW.id AND l.state = NEW.state;
-            IF FOUND THEN
-                RETURN NULL;
-            END IF;
-        END IF;
         -- A free slot no other transaction holds: SKIP LOCKED, so movers into one state
-        -- never wait for each other (a slot another is taking is not free).
-        SELECT l.slot INTO v_slot FROM queue_limits AS l
-        WHERE l.state = NEW.state AND l.holder IS NULL
-        ORDER BY l.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
+        -- never wait for each other (a slot another is taking is not free). Found and
+        -- taken in one statement: the UPDATE finds the slot by its key, so that it
+        -- writes the version the scan locked even if a commit made that version after
+        -- this statement's snapshot (a ctid would name the version the snapshot sees).
+        UPDATE queue_limits AS l SET holder = NEW.id
+        WHERE l.state = NEW.state
+          AND l.slot = (SELECT f.slot FROM queue_limits AS f WHERE f.state = NEW.state AND f.holder IS NULL
+                        ORDER BY f.slot LIMIT 1 FOR UPDATE SKIP LOCKED);
         IF NOT FOUND THEN
             SELECT pg_catalog.count(*) INTO v_max FROM queue_limits AS l WHERE l.state = NEW.state;
             IF TG_OP = 'INSERT' THEN
@@ -1098,7 +1054,6 @@ BEGIN
                 DETAIL = pg_catalog.format('state=%s to=%s limit=%s', OLD.state, NEW.state, v_max),
                 HINT = 'try again once a row has left that state (its place is free when that transaction commits)';
         END IF;
-        UPDATE queue_limits AS l SET holder = NEW.id WHERE l.state = NEW.state AND l.slot = v_slot;
     END IF;
     RETURN NULL;
 END
@@ -1177,7 +1132,7 @@ EXECUTE FUNCTION queue_events_append_only();
 
 CREATE TRIGGER queue_limits_insert AFTER INSERT ON queue_jobs
 FOR EACH ROW
-WHEN (NEW.state = ANY ('{"running"}'::text[]))
+WHEN (NEW.state = 'running')
 EXECUTE FUNCTION queue_count_limits();
 
 -- The counting triggers fire for every role, the writer's included (no writer test in
@@ -1185,12 +1140,12 @@ EXECUTE FUNCTION queue_count_limits();
 -- neither enters nor leaves a limited state never reaches the function.
 CREATE TRIGGER queue_limits_update AFTER UPDATE OF state ON queue_jobs
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state AND (OLD.state = ANY ('{"running"}'::text[]) OR NEW.state = ANY ('{"running"}'::text[])))
+WHEN ((OLD.state = 'running') <> (NEW.state = 'running'))
 EXECUTE FUNCTION queue_count_limits();
 
 CREATE TRIGGER queue_limits_delete AFTER DELETE ON queue_jobs
 FOR EACH ROW
-WHEN (OLD.state = ANY ('{"running"}'::text[]))
+WHEN (OLD.state = 'running')
 EXECUTE FUNCTION queue_count_limits();
 
 CREATE TRIGGER queue_limits_truncate AFTER TRUNCATE ON queue_jobs
