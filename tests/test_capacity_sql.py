@@ -2,10 +2,12 @@
 
 Every test plays the application as `Scratch.connect()` does (the README's grants
 only). The races run 16 threads, each on its own connection under READ COMMITTED,
-moving rows through `running` (limit 3) by `_apply`, by `_claim` (max_rows 5), by
-direct writes with their event rows, and all three mixed, while a sampler counts the
-rows in `running` in a loop: no sample ever sees more than 3, no call fails but with
-the documented 23F09, and every row ends in `done` with a log that replays to it.
+moving rows through `running` (limit 3) by `_apply`, by `_claim` (max_rows 5; also
+under REPEATABLE READ, with a snapshot taken before the claim), by direct writes with
+their event rows, and all of them mixed, while a sampler counts the rows in `running`
+in a loop: no sample ever sees more than 3, no call fails but with the documented
+23F09 (and 40001 under REPEATABLE READ, tried again), and every row ends in `done`
+with a log that replays to it.
 A READ COMMITTED statement sees every transaction committed before it began, so each
 sample is the table as of some commit; the slots held are checked against the rows
 at the end.
