@@ -152,11 +152,16 @@ VALUES (%(id)s, %(new_version)s, %(from)s, %(event)s, %(to)s, %(actor)s)"""
 APPLY_SQL = "SELECT job_apply(%(id)s, %(event)s, %(version)s, %(actor)s)"
 
 
-def job_machine() -> Machine:
-    checked = pipeline.check(source.read(str(ROOT / "specs" / "job.yaml")))
+def machine_of_spec(name: str) -> Machine:
+    """specs/<name>.yaml, checked."""
+    checked = pipeline.check(source.read(str(ROOT / "specs" / f"{name}.yaml")))
     if not checked.ok() or checked.machine is None:
-        raise SystemExit(f"specs/job.yaml does not check: {checked.diagnostics}")
+        raise SystemExit(f"specs/{name}.yaml does not check: {checked.diagnostics}")
     return checked.machine
+
+
+def job_machine() -> Machine:
+    return machine_of_spec("job")
 
 
 JOB = job_machine()
@@ -246,21 +251,29 @@ def options(schema: str, sync: str = "on") -> str:
     return f"-c search_path={schema} -c synchronous_commit={sync}"
 
 
-def setup(dsn: str, schema: str, machine: Machine) -> None:
-    """Roles, the generated schema installed by its owner (which creates its writer
-    role), bare copies of its tables, the unchecked function, and rows for every
-    Python worker. `teardown` undoes it."""
+def install(dsn: str, schema: str, machine: Machine) -> None:
+    """Roles and the generated schema as the README installs one: a fresh non-superuser
+    owner (with CREATEROLE, so that the `.sql` creates its installation's writer role)
+    runs it, and the application role gets the README's grants (`app_of(schema)`)."""
     owner, app = owner_of(schema), app_of(schema)
-    rows = ROWS_PER_CONNECTION * max(CONNECTIONS)
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER NOCREATEDB CREATEROLE")
         admin.execute(f"CREATE ROLE {app} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
         admin.execute(f"CREATE SCHEMA {schema} AUTHORIZATION {owner}")
+    with psycopg.connect(dsn, user=owner, options=f"-c search_path={schema}") as conn:
+        pg = build(machine)
+        conn.execute(emit(pg).encode())  # one script, as psql -1 -f would
+        conn.execute("\n".join(app_grants(pg.install, schema, app)).encode())
+
+
+def setup(dsn: str, schema: str, machine: Machine) -> None:
+    """`install`, then bare copies of its tables, the unchecked function, and rows for
+    every Python worker. `teardown` undoes it."""
+    owner, app = owner_of(schema), app_of(schema)
+    rows = ROWS_PER_CONNECTION * max(CONNECTIONS)
     try:
+        install(dsn, schema, machine)
         with psycopg.connect(dsn, user=owner, options=f"-c search_path={schema}") as conn:
-            pg = build(machine)
-            conn.execute(emit(pg).encode())  # one script, as psql -1 -f would
-            conn.execute("\n".join(app_grants(pg.install, schema, app)).encode())
             # Bare copies: same columns, defaults, primary keys, partial indexes and
             # fillfactor; no CHECK, no trigger, no foreign key.
             conn.execute("CREATE TABLE jobs_bare (LIKE jobs INCLUDING DEFAULTS INCLUDING INDEXES)"

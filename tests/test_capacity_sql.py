@@ -2,10 +2,12 @@
 
 Every test plays the application as `Scratch.connect()` does (the README's grants
 only). The races run 16 threads, each on its own connection under READ COMMITTED,
-moving rows through `running` (limit 3) by `_apply`, by `_claim` (max_rows 5), by
-direct writes with their event rows, and all three mixed, while a sampler counts the
-rows in `running` in a loop: no sample ever sees more than 3, no call fails but with
-the documented 23F09, and every row ends in `done` with a log that replays to it.
+moving rows through `running` (limit 3) by `_apply`, by `_claim` (max_rows 5; also
+under REPEATABLE READ, with a snapshot taken before the claim), by direct writes with
+their event rows, and all of them mixed, while a sampler counts the rows in `running`
+in a loop: no sample ever sees more than 3, no call fails but with the documented
+23F09 (and 40001 under REPEATABLE READ, tried again), and every row ends in `done`
+with a log that replays to it.
 A READ COMMITTED statement sees every transaction committed before it began, so each
 sample is the table as of some commit; the slots held are checked against the rows
 at the end.
@@ -253,13 +255,61 @@ def by_claim(db: Scratch, conn: psycopg.Connection[Any], row_id: int, rng: rando
         time.sleep(rng.uniform(0, 0.002))
 
 
+def by_claim_under_repeatable_read(db: Scratch, conn: psycopg.Connection[Any], row_id: int,
+                                   rng: random.Random) -> None:  # fmt: skip
+    """A claim whose snapshot is taken before it locks its slots (REPEATABLE READ): a
+    slot taken or freed by a commit since then is a lost race (40001), tried again."""
+    while True:
+        try:
+            conn.execute(b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            conn.execute(db.q("SELECT count(*) FROM {table}"))  # the snapshot, before the claim
+            time.sleep(rng.uniform(0, 0.001))  # others commit meanwhile
+            claimed = conn.execute(db.q("SELECT id, state_version FROM {claim}('start', 'w', 5)")).fetchall()
+            conn.commit()
+            break
+        except psycopg.Error as error:
+            conn.rollback()
+            assert sqlstate_of(error) == "40001", error
+    for other, version in claimed:
+        finish(db, conn, other, version)
+    if not claimed:
+        time.sleep(rng.uniform(0, 0.002))
+
+
 def mixed(db: Scratch, conn: psycopg.Connection[Any], row_id: int, rng: random.Random) -> None:
-    rng.choice((by_apply, by_direct_write, by_claim))(db, conn, row_id, rng)
+    rng.choice((by_apply, by_direct_write, by_claim, by_claim_under_repeatable_read))(db, conn, row_id, rng)
 
 
-@pytest.mark.parametrize("move", [by_apply, by_claim, by_direct_write, mixed], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("move", [by_apply, by_claim, by_claim_under_repeatable_read, by_direct_write, mixed],
+                         ids=lambda f: f.__name__)  # fmt: skip
 def test_no_commit_ever_leaves_more_rows_in_a_state_than_its_limit(pool: Scratch, move: Move) -> None:
-    race(pool, fresh(pool, ROWS // 4), move)  # 2,000 rows across the four races
+    race(pool, fresh(pool, ROWS // 5), move)  # 2,000 rows across the five races
+
+
+def holders(conn: psycopg.Connection[Any], state: str) -> set[int]:
+    return {r[0] for r in conn.execute(b"SELECT holder FROM pool_limits WHERE state = %s AND holder IS NOT NULL",
+                                       (state,))}  # fmt: skip
+
+
+def test_each_row_a_claim_moves_holds_one_slot_into_and_between_limited_states(pool: Scratch) -> None:
+    """A claim into running (max_rows 5, 3 places) moves 3 rows, and the slots of
+    running are held by exactly those; a claim out of running into stalled (limit 1)
+    moves one, which frees its slot of running and takes stalled's."""
+    db = pool
+    fresh(db, 0)
+    with db.connect() as app:
+        [walk_to(db, app, []) for _ in range(5)]
+        claimed = app.execute(db.q("SELECT id, state_version FROM {claim}('start', 'w', 5)")).fetchall()
+        assert len(claimed) == LIMIT  # the free places, not max_rows
+        assert holders(app, "running") == {r[0] for r in claimed}
+        assert held(app) == counted(db, app) == {"running": 3, "stalled": 0}
+        app.commit()
+        rescued = app.execute(db.q("SELECT id, state_version FROM {claim}('rescue', 'w', 5)")).fetchall()
+        assert len(rescued) == 1  # stalled's one place
+        assert holders(app, "stalled") == {rescued[0][0]}
+        assert holders(app, "running") == {r[0] for r in claimed} - {rescued[0][0]}
+        assert held(app) == counted(db, app) == {"running": 2, "stalled": 1}
+        app.commit()
 
 
 def walk_to(db: Scratch, conn: psycopg.Connection[Any], events: list[str]) -> int:
@@ -313,6 +363,31 @@ def test_the_slots_cannot_be_written_by_the_application(pool: Scratch) -> None:
         assert sqlstate_of(refused(app, b"UPDATE pool_limits SET holder = NULL")) == "42501"
         assert sqlstate_of(refused(app, b"INSERT INTO pool_limits (state, slot) VALUES ('running', 99)")) == "42501"
         assert sqlstate_of(refused(app, b"DELETE FROM pool_limits")) == "42501"
+
+
+def test_a_slot_the_application_forges_lets_no_row_into_a_full_state(pool: Scratch) -> None:
+    """The slots keep the limit, and the application cannot write them (above) nor stand
+    in for them: a temporary table named like them, holding the waiting row, first on
+    its search_path, is not what the schema's pinned functions read."""
+    db = pool
+    fresh(db, 0)
+    with db.connect() as app:
+        [walk_to(db, app, ["start"]) for _ in range(LIMIT)]
+        waiting = walk_to(db, app, [])
+        app.execute(b"CREATE TEMP TABLE pool_limits (state text, slot integer, holder bigint)")
+        app.execute(b"INSERT INTO pg_temp.pool_limits VALUES ('running', 1, %s), ('running', 4, %s)",
+                    (waiting, waiting))  # fmt: skip
+        app.execute(f"SET search_path = pg_temp, {db.schema}".encode())
+        app.commit()
+        write = db.q("UPDATE {table} SET state = 'running', state_version = 1 WHERE id = %s")
+        assert sqlstate_of(refused(app, write, (waiting,))) == LIMIT_REACHED
+        assert sqlstate_of(refused(app, db.q("SELECT {apply}(%s, 'start', 0, 'tester')"), (waiting,))) == LIMIT_REACHED
+        assert app.execute(db.q("SELECT * FROM {claim}('start', 'w', 5)")).fetchall() == []
+        app.execute(b"DROP TABLE pg_temp.pool_limits")
+        app.execute(f"SET search_path = {db.schema}".encode())
+        assert db.row(app, waiting) == ("queued", 0)
+        assert held(app) == counted(db, app) == {"running": 3, "stalled": 0}
+        app.commit()
 
 
 def test_an_otherwise_and_a_reclaim_into_a_full_state_are_refused(pool: Scratch, tmp_path: Path) -> None:

@@ -3,7 +3,9 @@ and 21): hundreds of jobs, workers killed at random moments (tasks cancelled,
 connections terminated mid-transaction), and still every job ends completed or
 discarded, none is completed twice, every reclaim took a dead worker's job, a job is
 discarded exactly when its attempts are spent, every retry waited for its backoff,
-every history replays, nothing is left locked.
+every history replays, nothing is left locked. And (issue 22) relayd with more workers
+than places in `running` (the spec's limit lowered to 2): a sampler never sees more
+jobs running than the limit, the limit is reached, and every job still finishes.
 
 Workers connect as the application role (the README's grants); the chaos monkey as
 the superuser, who may terminate their backends."""
@@ -13,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+import threading
+import time
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -21,7 +25,9 @@ import psycopg
 import pytest
 
 from tests.conftest import ROOT
-from tests.pg_scratch import Scratch, machine_of
+from tests.pg_scratch import Scratch, machine_from_text, machine_of
+
+LIMIT = 2  # places in running for the narrow queue: fewer than relayd's workers
 
 
 def relayd() -> Any:
@@ -55,6 +61,7 @@ def test_relayd_under_chaos_loses_nothing_and_does_nothing_twice(queue: Scratch)
                           quiet=True)  # fmt: skip
     pool = asyncio.run(asyncio.wait_for(r.run(app, 300, settings, admin=admin), timeout=120))
     assert pool.dead, "the chaos killed no worker: the test proved nothing"
+    assert pool.limit == 50 and pool.most_running <= pool.limit  # specs/queue.yaml's limit
 
     with db.connect() as conn:
         states = dict(conn.execute(db.q("SELECT state, count(*) FROM {table} GROUP BY 1")).fetchall())
@@ -96,3 +103,82 @@ def test_relayd_under_chaos_loses_nothing_and_does_nothing_twice(queue: Scratch)
                                 " FOR UPDATE SKIP LOCKED) AS l")).fetchone()  # fmt: skip
         assert got == (300,)
         conn.rollback()
+
+
+@pytest.fixture
+def narrow_queue(pg_dsn: str) -> Any:
+    """specs/queue.yaml with its limit on running lowered to LIMIT."""
+    text = (ROOT / "specs" / "queue.yaml").read_text(encoding="utf-8")
+    narrowed = text.replace("limits:\n  running: 50\n", f"limits:\n  running: {LIMIT}\n")
+    assert narrowed != text, "specs/queue.yaml's limit on running is not 50 any more: update this test"
+    scratch = Scratch.create(pg_dsn, machine_from_text(narrowed, "queue.yaml"))
+    yield scratch
+    scratch.drop()
+
+
+class Sampler(threading.Thread):
+    """Counts the jobs in running in a loop, on a connection of its own, until stopped:
+    `most`, the largest count; `full`, how many samples found running at its limit."""
+
+    def __init__(self, db: Scratch) -> None:
+        super().__init__(daemon=True)
+        self.db, self.most, self.full, self.samples, self.stop = db, 0, 0, 0, threading.Event()
+
+    def run(self) -> None:
+        with self.db.connect(autocommit=True) as conn:
+            query = self.db.q("SELECT count(*) FROM {table} WHERE state = 'running'")
+            while not self.stop.is_set():
+                row = conn.execute(query).fetchone()
+                assert row is not None
+                self.most, self.samples = max(self.most, int(row[0])), self.samples + 1
+                self.full += int(row[0]) == LIMIT
+                time.sleep(0.001)
+
+
+def test_relayd_with_more_workers_than_places_keeps_the_limit_and_finishes_every_job(narrow_queue: Scratch) -> None:
+    db, r = narrow_queue, relayd()
+    options = f"-c search_path={db.schema} -c lock_timeout=10s"
+
+    async def app() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(db.dsn, user=db.app_role, options=options)
+
+    async def admin() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(db.dsn, options=options)
+
+    # Workers die too (a dead worker's job keeps its place until it is reclaimed, a
+    # lease later): the places still free up, and no job waits for ever.
+    settings = r.Settings(schema=db.schema, workers=3 * LIMIT, lease=timedelta(seconds=1), beat=0.1,
+                          work=(0.01, 0.05), fail_rate=0.15, max_tries=2, keep=timedelta(days=1), chaos=0.5,
+                          quiet=True)  # fmt: skip
+    jobs = 80
+    sampler = Sampler(db)
+    sampler.start()
+    try:
+        pool = asyncio.run(asyncio.wait_for(r.run(app, jobs, settings, admin=admin), timeout=120))
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    assert pool.limit == LIMIT < settings.workers
+    assert sampler.most <= LIMIT, f"a sample saw {sampler.most} jobs running (limit {LIMIT})"
+    assert pool.most_running <= LIMIT
+    assert sampler.full > 0, "running never reached its limit: the test proved nothing"
+
+    with db.connect() as conn:
+        states = dict(conn.execute(db.q("SELECT state, count(*) FROM {table} GROUP BY 1")).fetchall())
+        assert sum(states.values()) == jobs
+        assert set(states) <= {"completed", "discarded"}, states
+        finishes = Counter(r[0] for r in conn.execute(
+            db.q("SELECT {id_col} FROM {events} WHERE event = 'complete'")).fetchall())  # fmt: skip
+        assert finishes and max(finishes.values()) == 1
+        assert sum(finishes.values()) == states.get("completed", 0)
+        attempts = conn.execute(db.q("SELECT fetch_count FROM {table} WHERE state = 'discarded'")).fetchall()
+        assert {a for (a,) in attempts} <= {settings.max_tries}
+        assert db.replay_problems(conn) == []
+        # Every place is free again: the slots hold nothing, and none is left locked (a
+        # superuser's lock: the application may only read them).
+        assert conn.execute(b"SELECT count(*), count(holder) FROM queue_limits").fetchone() == (LIMIT, 0)
+        conn.rollback()
+    with db.superuser() as su:
+        got = su.execute(b"SELECT count(*) FROM (SELECT slot FROM queue_limits FOR UPDATE SKIP LOCKED) AS l")
+        assert got.fetchone() == (LIMIT,)
+        su.rollback()

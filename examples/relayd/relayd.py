@@ -3,9 +3,9 @@
 
     python examples/relayd/relayd.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
 
-creates the schema `relayd` (once, from generated/queue/queue.sql), enqueues --jobs
-no-op jobs, each with a budget of --max-tries attempts, and runs until every one is
-completed or discarded, printing what it does:
+creates the schema `relayd` (once, from generated/queue/queue.sql, or the build of
+another spec's: --sql), enqueues --jobs no-op jobs, each with a budget of --max-tries
+attempts, and runs until every one is completed or discarded, printing what it does:
 
 - an asyncio worker pool: each worker fetches the oldest available job
   (`queue.aclaim(FETCH)`, SKIP LOCKED: two workers never get one job; the database
@@ -17,7 +17,11 @@ completed or discarded, printing what it does:
   (`queue.areclaim`: their worker died; again retryable or discarded by their budget),
   makes the retries that are due available again (`queue.aclaim(RETRY)`: the spec's
   backoff, 1 s doubling, is the database's, so there is no retry loop or poller here),
-  and purges finished jobs older than --keep (`queue.apurge`).
+  and purges finished jobs older than --keep (`queue.apurge`);
+- a monitor: counts the jobs in `running` every 10 ms. The spec limits them (`limits:
+  {running: 50}`), and the database keeps that limit whatever the number of workers:
+  a claim takes no more jobs than there are free places, so with more workers than
+  places the others find nothing to fetch and wait. relayd prints the most it saw.
 
 Nobody polls: a worker with nothing to do sleeps in `queue.await_for(FETCH)` until the
 database's NOTIFY says a job is available (the spec's `postgres.notify`), and the
@@ -90,6 +94,8 @@ class Pool:
     live: dict[str, tuple[asyncio.Task[None], list[int]]] = field(default_factory=dict)
     finished: list[Any] = field(default_factory=list)
     incarnations: int = 0
+    limit: int | None = None  # the database's limit on running (its slots), if the spec has one
+    most_running: int = 0  # the most jobs the monitor saw in running at once
 
     def say(self, who: str, text: str) -> None:
         if not self.settings.quiet:
@@ -188,6 +194,29 @@ async def chaos(pool: Pool, admin: psycopg.AsyncConnection[Any], stop: asyncio.E
             pool.say("chaos", f"terminated the connection of {name}")
 
 
+async def running_limit(conn: psycopg.AsyncConnection[Any]) -> int | None:
+    """The limit on running that the database keeps: its slots (the application may read
+    them), or None when the spec it was built from has no limit on running."""
+    async with conn.transaction():
+        found = await (await conn.execute("SELECT to_regclass('queue_limits') IS NOT NULL")).fetchone()
+        if found is None or not found[0]:
+            return None
+        row = await (await conn.execute("SELECT count(*) FROM queue_limits WHERE state = 'running'")).fetchone()
+    return int(row[0]) if row is not None and row[0] else None
+
+
+async def monitor(pool: Pool, connect: Connect, stop: asyncio.Event) -> None:
+    """Count the jobs in running every 10 ms, on a connection of its own (each count is
+    the table as of some commit), and keep the largest."""
+    async with await connect() as conn:
+        await conn.set_autocommit(True)
+        while not stop.is_set():
+            row = await (await conn.execute("SELECT count(*) FROM queue_jobs WHERE state = 'running'")).fetchone()
+            assert row is not None
+            pool.most_running = max(pool.most_running, int(row[0]))
+            await asyncio.sleep(0.01)
+
+
 async def remaining(conn: psycopg.AsyncConnection[Any]) -> int:
     async with conn.transaction():
         row = await (await conn.execute(
@@ -208,7 +237,10 @@ async def run(connect: Connect, jobs: int, settings: Settings,
             # per row, fetch_cap) and its arguments (a declared column, args).
             await queue.acreate_many(conn, [{"fetch_cap": settings.max_tries, "args": {"n": n}} for n in range(jobs)],
                                      schema=settings.schema)  # fmt: skip
-        pool.say("relayd", f"enqueued {jobs} jobs; {settings.workers} workers")
+        pool.limit = await running_limit(conn)
+        limited = f", at most {pool.limit} running at once (the spec's limit)" if pool.limit else ""
+        pool.say("relayd", f"enqueued {jobs} jobs; {settings.workers} workers{limited}")
+        watcher = asyncio.create_task(monitor(pool, connect, stop))
         killer = None
         if settings.chaos:
             admin_conn = await (admin or connect)()
@@ -227,8 +259,10 @@ async def run(connect: Connect, jobs: int, settings: Settings,
                 await asyncio.gather(killer, return_exceptions=True)
                 await admin_conn.close()
             tasks = [t for t, _ in pool.live.values()]
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, watcher, return_exceptions=True)
     pool.say("relayd", f"all {jobs} jobs completed or discarded; {len(pool.dead)} worker(s) died on the way")
+    limited = f" (limit {pool.limit})" if pool.limit else ""
+    pool.say("relayd", f"at most {pool.most_running} job(s) running at once, {settings.workers} workers{limited}")
     return pool
 
 
@@ -241,16 +275,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-rate", type=float, default=0.2)
     parser.add_argument("--max-tries", type=int, default=3)
     parser.add_argument("--chaos", type=float, default=0.0, help="seconds between kills (0: none)")
+    parser.add_argument("--sql", type=Path, default=GENERATED / "queue.sql",
+                        help="the schema to create when it does not exist: a build of specs/queue.yaml"
+                             " (another limit on running, say)")  # fmt: skip
     args = parser.parse_args(argv)
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (args.schema,)).fetchone()
         if not exists:
-            print(f"creating schema {args.schema} from {GENERATED / 'queue.sql'}")
+            print(f"creating schema {args.schema} from {args.sql}")
             with conn.transaction():
                 conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(args.schema)))
                 conn.execute(psycopg.sql.SQL("SET LOCAL search_path = {}").format(
                     psycopg.sql.Identifier(args.schema)))  # fmt: skip
-                conn.execute((GENERATED / "queue.sql").read_bytes())
+                conn.execute(args.sql.read_bytes())
 
     async def connect() -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(args.dsn, options=f"-c search_path={args.schema}")

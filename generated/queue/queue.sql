@@ -546,9 +546,9 @@ BEGIN
     v_limited := CASE v_event WHEN 'fetch' THEN '{"running"}'::text[] END;
     IF v_limited IS NOT NULL THEN
         FOREACH v_full IN ARRAY v_limited LOOP
-            SELECT pg_catalog.count(*) INTO v_free
-            FROM (SELECT l.slot FROM queue_limits AS l WHERE l.state = v_full AND l.holder IS NULL
-                  ORDER BY l.slot LIMIT v_rows FOR UPDATE SKIP LOCKED) AS l;
+            PERFORM FROM queue_limits AS l WHERE l.state = v_full AND l.holder IS NULL
+            ORDER BY l.slot LIMIT v_rows FOR UPDATE SKIP LOCKED;
+            GET DIAGNOSTICS v_free = ROW_COUNT;
             v_rows := LEAST(v_rows, v_free::integer);
         END LOOP;
     END IF;
@@ -1180,7 +1180,6 @@ CREATE FUNCTION queue_count_limits() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 DECLARE
-    v_slot integer;
     v_max bigint;
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
@@ -1192,10 +1191,14 @@ BEGIN
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.state = ANY ('{"running"}'::text[]) THEN
         -- A free slot no other transaction holds: SKIP LOCKED, so movers into one state
-        -- never wait for each other (a slot another is taking is not free).
-        SELECT l.slot INTO v_slot FROM queue_limits AS l
-        WHERE l.state = NEW.state AND l.holder IS NULL
-        ORDER BY l.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
+        -- never wait for each other (a slot another is taking is not free). Found and
+        -- taken in one statement: the UPDATE finds the slot by its key, so that it
+        -- writes the version the scan locked even if a commit made that version after
+        -- this statement's snapshot (a ctid would name the version the snapshot sees).
+        UPDATE queue_limits AS l SET holder = NEW.id
+        WHERE l.state = NEW.state
+          AND l.slot = (SELECT f.slot FROM queue_limits AS f WHERE f.state = NEW.state AND f.holder IS NULL
+                        ORDER BY f.slot LIMIT 1 FOR UPDATE SKIP LOCKED);
         IF NOT FOUND THEN
             SELECT pg_catalog.count(*) INTO v_max FROM queue_limits AS l WHERE l.state = NEW.state;
             IF TG_OP = 'INSERT' THEN
@@ -1211,7 +1214,6 @@ BEGIN
                 DETAIL = pg_catalog.format('state=%s to=%s limit=%s', OLD.state, NEW.state, v_max),
                 HINT = 'try again once a row has left that state (its place is free when that transaction commits)';
         END IF;
-        UPDATE queue_limits AS l SET holder = NEW.id WHERE l.state = NEW.state AND l.slot = v_slot;
     END IF;
     RETURN NULL;
 END
@@ -1379,7 +1381,7 @@ EXECUTE FUNCTION queue_events_append_only();
 
 CREATE TRIGGER queue_limits_insert AFTER INSERT ON queue_jobs
 FOR EACH ROW
-WHEN (NEW.state = ANY ('{"running"}'::text[]))
+WHEN (NEW.state = 'running')
 EXECUTE FUNCTION queue_count_limits();
 
 -- The counting triggers fire for every role, the writer's included (no writer test in
@@ -1387,12 +1389,12 @@ EXECUTE FUNCTION queue_count_limits();
 -- neither enters nor leaves a limited state never reaches the function.
 CREATE TRIGGER queue_limits_update AFTER UPDATE OF state ON queue_jobs
 FOR EACH ROW
-WHEN (OLD.state IS DISTINCT FROM NEW.state AND (OLD.state = ANY ('{"running"}'::text[]) OR NEW.state = ANY ('{"running"}'::text[])))
+WHEN ((OLD.state = 'running') <> (NEW.state = 'running'))
 EXECUTE FUNCTION queue_count_limits();
 
 CREATE TRIGGER queue_limits_delete AFTER DELETE ON queue_jobs
 FOR EACH ROW
-WHEN (OLD.state = ANY ('{"running"}'::text[]))
+WHEN (OLD.state = 'running')
 EXECUTE FUNCTION queue_count_limits();
 
 CREATE TRIGGER queue_limits_truncate AFTER TRUNCATE ON queue_jobs

@@ -134,7 +134,9 @@ from fsmc.targets.postgres.encode import (
     sources_jsonb,
     sql_among,
     sql_any,
+    sql_entered_or_left,
     sql_in,
+    sql_one_of,
     targets_array,
     triples,
 )
@@ -246,6 +248,11 @@ class LimitsContext:
 
     new_limited: str  # NEW.state is a limited state
     old_limited: str  # OLD.state is a limited state
+    # The counting triggers' WHEN clauses, as short as they can be (`sql_one_of`): the
+    # row is born in a limited state, moves into or out of one, is deleted from one.
+    inserted: str
+    moved: str
+    deleted: str
     # (event, the limited states among its targets and otherwise, a text[]): where
     # `_claim` locks free slots before it picks rows
     claim_targets: list[tuple[str, str]]
@@ -563,11 +570,10 @@ def build(machine: Machine) -> Build:
         # No `writer`: these fire for the writer role's moves too. The WHEN clauses keep
         # every write that neither enters nor leaves a limited state from the function.
         triggers += (
-            Trigger(n.limits_insert, n.table, "AFTER", "INSERT", n.count_limits, when=c.limits.new_limited),
-            Trigger(n.limits_update, n.table, "AFTER", "UPDATE OF state", n.count_limits,
-                    when=f"OLD.state IS DISTINCT FROM NEW.state AND ({c.limits.old_limited} OR {c.limits.new_limited})",
+            Trigger(n.limits_insert, n.table, "AFTER", "INSERT", n.count_limits, when=c.limits.inserted),
+            Trigger(n.limits_update, n.table, "AFTER", "UPDATE OF state", n.count_limits, when=c.limits.moved,
                     comment=comments.LIMITS_TRIGGERS),  # fmt: skip
-            Trigger(n.limits_delete, n.table, "AFTER", "DELETE", n.count_limits, when=c.limits.old_limited),
+            Trigger(n.limits_delete, n.table, "AFTER", "DELETE", n.count_limits, when=c.limits.deleted),
             # A TRUNCATE of rows without history (the guard refuses the others) empties every state.
             Trigger(n.limits_truncate, n.table, "AFTER", "TRUNCATE", n.count_limits, for_each="STATEMENT"),
         )
@@ -721,6 +727,9 @@ def limits_context(m: Machine) -> LimitsContext | None:
     return LimitsContext(
         new_limited=sql_any("NEW.state", limited),
         old_limited=sql_any("OLD.state", limited),
+        inserted=sql_one_of("NEW.state", limited),
+        moved=sql_entered_or_left("OLD.state", "NEW.state", limited),
+        deleted=sql_one_of("OLD.state", limited),
         claim_targets=full,
     )
 

@@ -80,6 +80,23 @@ def sql_any(expression: str, values: Iterable[str]) -> str:
     return f"{expression} = ANY ({sql_text_array(values)})"
 
 
+def sql_one_of(expression: str, values: Sequence[str]) -> str:
+    """`expression = 'a'` for one value, else `sql_any`. For a trigger's WHEN clause,
+    which PostgreSQL parses back from its catalog text for every statement that fires
+    the trigger, at about 25 instructions a character: one text constant is a third of
+    the text of a one-element array."""
+    return f"{expression} = {sql_str(values[0])}" if len(values) == 1 else sql_any(expression, values)
+
+
+def sql_entered_or_left(old: str, new: str, values: Sequence[str]) -> str:
+    """The state went from `old` to `new`, and one of them is among `values`: a trigger's
+    WHEN clause (see `sql_one_of`). For one value, `(old = 'a') <> (new = 'a')`: the
+    same rows (a change that stays in 'a' is no change) in two-thirds of the text."""
+    if len(values) == 1:
+        return f"({sql_one_of(old, values)}) <> ({sql_one_of(new, values)})"
+    return f"{old} IS DISTINCT FROM {new} AND ({sql_any(old, values)} OR {sql_any(new, values)})"
+
+
 def pg_text_array(names: Iterable[str]) -> str:
     """A text[] literal whose type is named through pg_catalog (for DO blocks, which
     run with the installer's search_path)."""
