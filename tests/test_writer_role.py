@@ -47,6 +47,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from fsmc.escape import sql_ident
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
 from fsmc.targets.postgres.build import build, emit
@@ -477,27 +478,34 @@ def test_the_application_role_cannot_become_the_writer(cluster: Cluster) -> None
         assert app.execute("SELECT current_user").fetchone() == (db.app_role,)
 
 
-def test_the_moving_functions_belong_to_the_writer_and_no_one_may_call_them_by_default(
-    cluster: Cluster,
-) -> None:
-    db = cluster.scratch()
-    n = Names.of(db.machine)  # raw: pg_proc holds names themselves
-    with db.owner() as owner:
-        writer = writer_of(owner, db.schema, db.machine)
-        got = {name: (role, definer, public) for name, role, definer, public in owner.execute(
-            "SELECT p.proname::text, r.rolname::text, p.prosecdef,"
-            "       EXISTS (SELECT FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a"
-            "               WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')"
-            " FROM pg_proc AS p JOIN pg_roles AS r ON r.oid = p.proowner"
-            " WHERE p.pronamespace = %s::regnamespace", (db.schema,)).fetchall()}  # fmt: skip
+def assert_owned_as_documented(conn: psycopg.Connection[Any], schema: str, owner: str, writer: str) -> None:
+    """The functions of the installation in `schema` belong to its `writer` or to `owner`,
+    run as the one they should, and EXECUTE on each is PUBLIC's only where it should be."""
+    n = Names.of(MACHINE)  # raw: pg_proc holds names themselves
+    got = {name: (role, definer, public) for name, role, definer, public in conn.execute(
+        "SELECT p.proname::text, r.rolname::text, p.prosecdef,"
+        "       EXISTS (SELECT FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a"
+        "               WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')"
+        " FROM pg_proc AS p JOIN pg_roles AS r ON r.oid = p.proowner"
+        " WHERE p.pronamespace = %s::regnamespace", (sql_ident(schema),)).fetchall()}  # fmt: skip
     for mover in (n.apply, n.claim, n.reclaim, n.heartbeat):  # the heartbeat writes heartbeat_at for its caller
         assert got[mover] == (writer, True, False), mover
     # The update guard stamps a hand-made move's times as the writer; a trigger
     # function cannot be called directly, so EXECUTE stays as PostgreSQL makes it.
     assert got[n.guard_update][:2] == (writer, True)
-    assert got[n.purge] == (db.role, True, False)  # SECURITY DEFINER for its ticket table
+    assert got[n.purge] == (owner, True, False)  # SECURITY DEFINER for its ticket table
     # Every writer's triggers call it: it stays PUBLIC's, runs as its caller, and is the owner's.
-    assert got[n.writer] == (db.role, False, True)
+    assert got[n.writer] == (owner, False, True)
+
+
+def test_the_moving_functions_belong_to_the_writer_and_no_one_may_call_them_by_default(
+    cluster: Cluster,
+) -> None:
+    db = cluster.scratch()
+    with db.owner() as owner:
+        writer = writer_of(owner, db.schema, db.machine)
+        assert writer is not None
+        assert_owned_as_documented(owner, db.schema, db.role, writer)
 
     # A role with USAGE on the schema and nothing else cannot call them.
     stranger = cluster.role()
@@ -511,6 +519,20 @@ def test_the_moving_functions_belong_to_the_writer_and_no_one_may_call_them_by_d
             error = refused(conn, call)
             assert sqlstate_of(error) == INSUFFICIENT_PRIVILEGE, (call, error)
             assert "permission denied for function" in str(error)
+
+
+@pytest.mark.parametrize("name", ["Fsmc W {}", "FsmcW_{}"])
+def test_a_schema_whose_name_needs_quoting_gets_the_same_owners_and_grants(cluster: Cluster, name: str) -> None:
+    """The install finds its functions by the schema's name quoted as an identifier:
+    unquoted, a name with a space is refused as a name, and a MixedCase one names
+    another schema (folded to lower case), where no function is found, so the
+    functions would stay the owner's and PUBLIC's to call."""
+    owner = cluster.role("CREATEROLE")
+    schema = cluster.schema(owner, name=name.format(uuid.uuid4().hex[:8]))
+    writer = cluster.writer(schema)
+    cluster.install(owner, schema)
+    with cluster.admin() as admin:
+        assert_owned_as_documented(admin, schema, owner, writer)
 
 
 def test_the_fast_path_cannot_be_forged_by_the_application(cluster: Cluster) -> None:

@@ -779,7 +779,7 @@ BEGIN
     FOR v_function IN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(v_schema)
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
           AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_guard_update","subscription_purge"}'::pg_catalog.text[])
     LOOP
         IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_guard_update"}'::pg_catalog.text[]) THEN
