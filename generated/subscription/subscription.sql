@@ -780,7 +780,7 @@ BEGIN
         SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_guard_update","subscription_purge"}'::pg_catalog.text[])
+          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_guard_update","subscription_purge"}'::pg_catalog.text[]::pg_catalog.name[])
     LOOP
         IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_guard_update"}'::pg_catalog.text[]) THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
@@ -797,18 +797,17 @@ $fsmc$;
 -- Pin every function's search_path to pg_catalog, this schema, and pg_temp last.
 DO $fsmc$
 DECLARE
+    v_schema pg_catalog.text := pg_catalog.current_schema();
     v_function record;
 BEGIN
     FOR v_function IN
-        SELECT n.nspname, p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
+        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
         FROM pg_catalog.pg_proc AS p
-        JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-        WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
-          AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_fsmc_digest","subscription_fsmc_format","subscription_apply","subscription_claim","subscription_purge","subscription_guard_insert","subscription_guard_update","subscription_check_logged","subscription_check_event","subscription_events_append_only","subscription_guard_delete","subscription_fsmc_writer"}'::pg_catalog.text[])
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
+          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"subscription_fsmc_digest","subscription_fsmc_format","subscription_apply","subscription_claim","subscription_purge","subscription_guard_insert","subscription_guard_update","subscription_check_logged","subscription_check_event","subscription_events_append_only","subscription_guard_delete","subscription_fsmc_writer"}'::pg_catalog.text[]::pg_catalog.name[])
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
-                                  v_function.nspname, v_function.proname, v_function.args,
-                                  v_function.nspname);
+                                  v_schema, v_function.proname, v_function.args, v_schema);
     END LOOP;
 END
 $fsmc$;
