@@ -1,7 +1,10 @@
 """Real Mermaid, from Python: parse many diagrams in one Node process.
 
-`parse_all(texts)` hands every text to `tests/mermaid/parse.mjs` at once (Node and
-Mermaid start once per call, about a second) and returns one `Result` per text.
+`parse_all(texts)` hands every text to `tests/mermaid/parse.mjs` at once and returns
+one `Result` per text. One `parse.mjs --serve` answers every call of this process (an
+xdist worker): starting Node with jsdom and Mermaid costs about two seconds of CPU,
+parsing a diagram milliseconds, and five tests parse diagrams. A process that exits
+or does not answer in time fails the calling test and is started afresh next time.
 The npm packages are pinned in `tests/mermaid/package-lock.json`; `tests/run.sh`
 installs them. When they are missing, `parse_all` fails the calling test with the
 command to run: this check never skips, in CI or anywhere else.
@@ -9,10 +12,13 @@ command to run: this check never skips, in CI or anywhere else.
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
+import select
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,24 +124,75 @@ def require_mermaid() -> None:
 
 
 def parse_all(texts: Sequence[str], timeout: float = 120) -> list[Result]:
-    """Parse every text with real Mermaid, in one Node process."""
+    """Parse every text with real Mermaid, in this process's Node process."""
     require_mermaid()
     if not texts:
         return []
-    proc = subprocess.run(
-        ["node", str(SCRIPT)],
-        input=json.dumps(list(texts)),
-        capture_output=True,
-        text=True,
-        cwd=HERE,
-        timeout=timeout,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"parse.mjs exited {proc.returncode}:\n{proc.stderr}", pytrace=False)
-    raws = json.loads(proc.stdout)
+    server = _Server.running()
+    line = server.ask(json.dumps(list(texts)), timeout)
+    if not line:
+        pytest.fail(f"parse.mjs gave no answer within {timeout} s or exited:\n{server.stop()}", pytrace=False)
+    raws = json.loads(line)
     assert len(raws) == len(texts), "parse.mjs must answer once per diagram"
     return [from_raw(raw) for raw in raws]
+
+
+class _Server:
+    """`node parse.mjs --serve`: one JSON array of texts a line in, one line of results
+    out. Its stderr goes to a file (a pipe nobody reads could fill and stall it)."""
+
+    current: _Server | None = None
+
+    def __init__(self) -> None:
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            ["node", str(SCRIPT), "--serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, cwd=HERE,
+        )  # fmt: skip
+
+    @classmethod
+    def running(cls) -> _Server:
+        if cls.current is None or cls.current.proc.poll() is not None:
+            if cls.current is not None:
+                cls.current.stop()
+            cls.current = cls()
+        return cls.current
+
+    def ask(self, request: str, timeout: float) -> str:
+        """The answer line to one request line ("" when none came in `timeout` s)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(request + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return ""
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return self.proc.stdout.readline() if ready else ""
+
+    def stop(self) -> str:
+        """End the process (its stdin closed, then killed if it lingers); what it said on
+        stderr."""
+        if _Server.current is self:
+            _Server.current = None
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.stderr.seek(0)
+        said = self.stderr.read()
+        self.stderr.close()
+        return f"exit status {self.proc.returncode}\n{said}"
+
+
+@atexit.register
+def _stop_server() -> None:
+    if _Server.current is not None:
+        _Server.current.stop()
 
 
 def parse(text: str) -> Result:

@@ -2,6 +2,11 @@
 //
 // Usage:  node parse.mjs FILE...            (each file is one diagram)
 //         node parse.mjs < texts.json       (stdin: a JSON array of diagram texts)
+//         node parse.mjs --serve            (stdin: one JSON array a line, answered
+//                                            by one line each, until stdin closes)
+//
+// --serve keeps one process for a whole test run (tests/mermaid_check.py): loading
+// jsdom and Mermaid takes about two seconds of CPU, parsing a diagram milliseconds.
 //
 // Prints one JSON array to stdout, one entry per diagram, in input order:
 //   {"ok": true,  "type": "stateDiagram", "length": 1234,
@@ -18,6 +23,7 @@
 // checks parsing (what viewers run first) and the data the renderer is given.
 
 import { readFileSync } from "node:fs";
+import { createInterface } from "node:readline";
 import { JSDOM } from "jsdom";
 
 const dom = new JSDOM("<!DOCTYPE html><html><body></body></html>", { pretendToBeVisual: true });
@@ -31,11 +37,7 @@ function readInputs(args) {
     if (args.length > 0) {
         return args.map((path) => readFileSync(path, "utf8"));
     }
-    const texts = JSON.parse(readFileSync(0, "utf8"));
-    if (!Array.isArray(texts) || !texts.every((t) => typeof t === "string")) {
-        throw new TypeError("stdin must be a JSON array of strings");
-    }
-    return texts;
+    return asTexts(JSON.parse(readFileSync(0, "utf8")));
 }
 
 function stateData(diagram) {
@@ -59,15 +61,40 @@ async function check(text) {
     }
 }
 
-let texts;
-try {
-    texts = readInputs(process.argv.slice(2));
-} catch (error) {
-    process.stderr.write(`parse.mjs: ${error.message}\n`);
-    process.exit(2);
+function asTexts(value) {
+    if (!Array.isArray(value) || !value.every((t) => typeof t === "string")) {
+        throw new TypeError("stdin must be a JSON array of strings");
+    }
+    return value;
 }
-const results = [];
-for (const text of texts) {
-    results.push(await check(text)); // sequential: Mermaid's config is global state
+
+async function checkAll(texts) {
+    const results = [];
+    for (const text of texts) {
+        results.push(await check(text)); // sequential: Mermaid's config is global state
+    }
+    return JSON.stringify(results) + "\n";
 }
-process.stdout.write(JSON.stringify(results) + "\n");
+
+if (process.argv[2] === "--serve") {
+    const lines = createInterface({ input: process.stdin, crlfDelay: Infinity });
+    for await (const line of lines) {
+        let texts;
+        try {
+            texts = asTexts(JSON.parse(line));
+        } catch (error) {
+            process.stderr.write(`parse.mjs: ${error.message}\n`);
+            process.exit(2);
+        }
+        process.stdout.write(await checkAll(texts));
+    }
+} else {
+    let texts;
+    try {
+        texts = readInputs(process.argv.slice(2));
+    } catch (error) {
+        process.stderr.write(`parse.mjs: ${error.message}\n`);
+        process.exit(2);
+    }
+    process.stdout.write(await checkAll(texts));
+}
