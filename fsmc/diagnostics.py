@@ -144,8 +144,14 @@ def _escape_data(value: str) -> str:
 
 
 def ordered(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
-    """Sorted, without exact duplicates: the order printing uses."""
-    return sorted(set(diagnostics))
+    """Sorted, without exact duplicates: the order printing uses. By one key tuple a
+    diagnostic, the dataclass's own order: its `__lt__` builds two tuples for every
+    comparison, which made sorting 100,000 duplicate keys' diagnostics seconds."""
+    return sorted(set(diagnostics), key=_sort_key)
+
+
+def _sort_key(d: Diagnostic) -> tuple[str, int, int, str, str]:
+    return (d.file, d.line, d.col, d.code, d.message)
 
 
 def has_errors(diagnostics: Iterable[Diagnostic], *, strict: bool = False) -> bool:
