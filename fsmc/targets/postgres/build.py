@@ -768,7 +768,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
     leased = set(facts.lease_states(m))
     states = [str(s) for s in m.state_names]
     claimable = [s for s in states if s not in m.terminal_names and s not in leased]
-    unclaimable = [s for s in states if s not in claimable]
+    unclaimable = [s for s in states if s in m.terminal_names or s in leased]  # a set's test, not a list's
     terminals = list(m.terminals_in_order)
     purgeable = list(m.purgeable_names)
     lease = None
