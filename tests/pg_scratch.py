@@ -27,6 +27,7 @@ replaying the event log, and importing the generated Python module.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import sys
@@ -202,8 +203,9 @@ class Scratch:
 
     # --- names, as the generated SQL spells them --------------------------------
 
-    @property
+    @functools.cached_property
     def names(self) -> Quoted:
+        # Once a scratch: `q` reads it for every statement, and Names.of builds them all.
         return Names.of(self.machine).sql
 
     def q(self, template: str) -> bytes:
