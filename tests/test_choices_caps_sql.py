@@ -33,13 +33,13 @@ from tests.harness import refused, refused_at_commit, snapshot, sqlstate_of
 from tests.pg_scratch import Scratch, count_column, machine_of
 
 CHOICE_MACHINES = ("review", "breaker")  # a choice with a self-loop target; one on a machine with no terminal
-CAPPED_MACHINES = ("task", "subscription")  # retry capped at 5; a capped self-loop (extend_trial: 2)
+CAPPED_MACHINES = ("capped_task", "subscription")  # retry capped at 5 (1.1's task); a capped self-loop (extend_trial: 2)
 MACHINES = CHOICE_MACHINES + CAPPED_MACHINES
 
 
 def machine(name: str) -> Machine:
     m = machine_of(name)
-    assert m.choices or m.cap_limits, f"specs/{name}.yaml uses neither a choice nor a cap"
+    assert m.choices or m.cap_limits, f"{name} uses neither a choice nor a cap"
     return m
 
 
@@ -257,7 +257,7 @@ def test_a_capped_event_fires_its_cap_and_apply_refuses_the_next_with_23f07(
 
 
 def test_claim_skips_rows_at_the_cap(fresh: Callable[[str], Scratch]) -> None:
-    db = fresh("task")
+    db = fresh("capped_task")
     (event, cap), = db.machine.cap_limits.items()  # fmt: skip
     claim = db.q("SELECT id, state_version FROM {claim}(%s, 'worker', %s)")
     with db.connect() as app:
@@ -272,7 +272,7 @@ def test_claim_skips_rows_at_the_cap(fresh: Callable[[str], Scratch]) -> None:
 
 
 def test_a_direct_update_past_the_cap_is_refused_with_23f07(dbs: Callable[[str], Scratch]) -> None:
-    db = dbs("task")
+    db = dbs("capped_task")
     (event, cap), = db.machine.cap_limits.items()  # fmt: skip
     (source, target), = ((s, t) for s, e, t in db.machine.edges if e == event)  # fmt: skip
     column = count_column(event)
@@ -299,7 +299,7 @@ def test_a_direct_update_past_the_cap_is_refused_with_23f07(dbs: Callable[[str],
 
 
 def test_the_count_columns_refuse_direct_edits(dbs: Callable[[str], Scratch]) -> None:
-    db = dbs("task")
+    db = dbs("capped_task")
     m = db.machine
     (event, _cap), = m.cap_limits.items()  # fmt: skip
     (source, target), = ((s, t) for s, e, t in m.edges if e == event)  # fmt: skip
@@ -373,7 +373,7 @@ def test_the_count_columns_refuse_direct_edits_on_a_capped_self_loop(dbs: Callab
 
 
 def test_the_count_check_holds_with_the_triggers_off(dbs: Callable[[str], Scratch]) -> None:
-    db = dbs("task")
+    db = dbs("capped_task")
     (event, cap), = db.machine.cap_limits.items()  # fmt: skip
     c = count_column(event)
     with db.connect() as app:
