@@ -302,18 +302,21 @@ def choice_triples(review: ModuleType) -> list[tuple[Any, Any, Any]]:
 
 def capped_tasks(task: ModuleType) -> list[Any]:
     """Tasks in `failed`, one at each retry count under the cap (0 to cap - 1), after
-    checking that `retry` moves them to `new` counting, and refuses the cap + 1th."""
+    checking that `retry` moves them to `new` counting, and that the cap + 1th is
+    refused or (with an `otherwise`, specs/task.yaml since language 1.2) moves the
+    task to `dead` without counting."""
     cap = task.CAPS[task.Event.RETRY]
     tasks = [task.Task("task-1", task.State.FAILED, k, k) for k in range(cap)]
     for k, t in enumerate(tasks):
         moved = t.apply(task.Event.RETRY)
         assert (moved.state, moved.retry_count, moved.version) == (task.State.NEW, k + 1, k + 1)
     try:
-        task.Task("task-1", task.State.FAILED, cap, cap).apply(task.Event.RETRY)
+        spent = task.Task("task-1", task.State.FAILED, cap, cap).apply(task.Event.RETRY)
     except task.CapReached:
         pass
     else:
-        raise SystemExit(f"task: retry fired past its cap of {cap}")
+        if (spent.state, spent.retry_count) != (task.State.DEAD, cap):
+            raise SystemExit(f"task: retry fired past its cap of {cap}")
     seed_failed = seed.Job(id="job-1", state=seed.State.FAILED)
     assert seed_failed.apply(seed.Event.RETRY).state == seed.State.QUEUED
     return tasks

@@ -56,10 +56,10 @@ from tests.conftest import SPECS
 from tests.harness import drop_roles, writer_role
 
 # "capped_task" is specs/task.yaml as language 1.1 wrote it (`capped_task_spec`): the
-# machine with a cap, text ids and a lease that these tests were written against,
-# whose retry any caller may fire at once. specs/task.yaml itself makes a failed task
-# wait out a backoff first (1.2), which its generated suite proves, database part
-# included.
+# machine with a cap that refuses past its limit, text ids and a lease that these
+# tests were written against, whose retry any caller may fire at once.
+# specs/task.yaml itself makes a failed task wait out a backoff first and moves a
+# spent retry to dead (1.2), which its generated suite proves, database part included.
 SPEC_NAMES = ("job", "runner", "capped_task")
 LEASE_SPEC_NAMES = ("job", "capped_task")  # runner has no lease
 # Guards against a hang, not claims about speed: a test that waits for a lock on
@@ -112,11 +112,12 @@ def machine_of(name: str) -> Machine:
 
 
 def capped_task_spec() -> str:
-    """specs/task.yaml without its retry's backoff (language 1.2): the task machine of
-    language 1.1, whose retry fires when a caller says. The machine keeps its name,
-    so its SQL names are the task machine's."""
+    """specs/task.yaml without its retry's backoff and `otherwise` (language 1.2): the
+    task machine of language 1.1, whose retry is refused once its cap of 5 is spent
+    (an application gave up by hand). The machine keeps its name, so its SQL names
+    are the task machine's."""
     text = (SPECS / "task.yaml").read_text(encoding="utf-8")
-    timed = "event: retry, to: new, after: {backoff: 3s, factor: 2, max: 5m}}"
+    timed = "event: retry, to: new, after: {backoff: 3s, factor: 2, max: 5m}, otherwise: dead}"
     assert text.count(timed) == 1, "specs/task.yaml's retry changed: update capped_task_spec"
     return text.replace(timed, "event: retry, to: new}")
 

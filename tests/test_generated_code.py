@@ -184,16 +184,23 @@ def test_editing_one_choice_target_makes_the_generated_suite_fail(tmp_path: Path
     assert "test_every_target_of_every_choice" in out
 
 
-@pytest.mark.parametrize(("entry", "replacement", "failing"), [
-    ("        Event.RETRY: 5,\n", "        Event.RETRY: 6,\n", "test_the_table_is_exactly_the_specs"),
-    # The dataclass's own copy of the cap, one more and one less.
-    ("if retry_count >= 5:", "if retry_count >= 6:", "test_every_cap_is_refused_one_past_its_limit"),
-    ("if retry_count >= 5:", "if retry_count >= 4:", "test_every_cap_is_refused_one_past_its_limit"),
+@pytest.mark.parametrize(("name", "entry", "replacement", "failing"), [
+    ("task", "        Event.RETRY: 5,\n", "        Event.RETRY: 6,\n", "test_the_table_is_exactly_the_specs"),
+    # The dataclass's own copy of a cap that refuses, one more and one less.
+    ("subscription", "if extend_trial_count >= 2:", "if extend_trial_count >= 3:",
+     "test_every_cap_is_refused_one_past_its_limit"),
+    ("subscription", "if extend_trial_count >= 2:", "if extend_trial_count >= 1:",
+     "test_every_cap_is_refused_one_past_its_limit"),
+    # Its copy of the budget an `otherwise` spends (task's retry: dead once 5 are spent).
+    ("task", '(State.DEAD, "retry_count", None, 5)', '(State.DEAD, "retry_count", None, 6)',
+     "test_a_spent_budget_moves_the_row_to_the_otherwise"),
+    ("task", '(State.DEAD, "retry_count", None, 5)', '(State.DEAD, "retry_count", None, 4)',
+     "test_a_spent_budget_moves_the_row_to_the_otherwise"),
 ])  # fmt: skip
 def test_editing_one_cap_makes_the_generated_suite_fail(
-    entry: str, replacement: str, failing: str, tmp_path: Path
+    name: str, entry: str, replacement: str, failing: str, tmp_path: Path
 ) -> None:
-    assert failing in suite_after_editing(tmp_path, entry, replacement, "task")
+    assert failing in suite_after_editing(tmp_path, entry, replacement, name)
 
 
 SEED_TEST = '''

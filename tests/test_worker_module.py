@@ -164,7 +164,8 @@ class RowsCursor:
 
 def test_get_and_claim_fill_the_counts_from_the_row(tmp_path: Path) -> None:
     # What a capped machine's get() and claim() read, without a database: the counts
-    # come from the row, so a fetched Task refuses past its cap as the database would.
+    # come from the row, so a fetched Task whose retries are spent is moved to dead by
+    # its next retry (the `otherwise`, language 1.2) as the database would move it.
     task = module_of(machine_of("task"), tmp_path)
     seen: list[str] = []
     # After the counts: when the row was born and entered its state, then its lease
@@ -178,8 +179,8 @@ def test_get_and_claim_fill_the_counts_from_the_row(tmp_path: Path) -> None:
     fetched = task.get(conn, "id-1")
     assert fetched == task.Task("id-1", task.State.FAILED, 7, retry_count=5)
     assert (fetched.created_at, fetched.claimed_by) == (born, "w1")
-    with pytest.raises(task.CapReached):
-        fetched.apply("retry")
+    assert fetched.apply("retry") == task.Task("id-1", task.State.DEAD, 8, retry_count=5)
+    assert task.Task("id-1", task.State.FAILED, 7, retry_count=4).apply("retry").state == task.State.NEW
     assert task.claim(conn, "acquire", actor="w") == [task.Task("id-1", task.State.ACQUIRED, 8, retry_count=5)]
     assert all("retry_count" in q for q in seen if "task" in q), seen
     assert sum("task_claim(" in q for q in seen) == 1 and len(seen) == 2, seen  # the claim reads no row back
