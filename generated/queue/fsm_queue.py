@@ -223,6 +223,11 @@ _RESETS: typing.Final[dict[tuple[str, str], frozenset[Event]]] = {
 _TABLE: typing.Final[dict[tuple[str, str], State]] = {
     key: target for key, target in TRANSITIONS.items()
 }
+# Each declared (state, event): its single target (None for a choice) and its otherwise
+# (None without one), so the dataclass's apply() finds both in one lookup.
+_STEP: typing.Final[
+    dict[tuple[str, str], tuple[State | None, tuple[State, str, str | None, int] | None]]
+] = {key: (TRANSITIONS.get(key), _OTHERWISE.get(key)) for key in (*TRANSITIONS, *CHOICES)}
 # Every legal (state, event, to): apply(..., to=...) is one lookup, choice or not.
 _TARGETS: typing.Final[dict[tuple[str, str, str], State]] = {
     **{(s, e, t): t for (s, e), t in TRANSITIONS.items()},
@@ -467,15 +472,20 @@ class Queue:
         there instead, whatever `to` asked among its targets, and counts nothing.
         A move that resets events gives their counts back to 0.
         """
-        rescue = _OTHERWISE.get((self.state, event))
-        spent = rescue is not None and getattr(self, rescue[1]) >= (
+        step = _STEP.get((self.state, event))
+        rescue = None if step is None else step[1]
+        if rescue is not None and getattr(self, rescue[1]) >= (
             rescue[3] if rescue[2] is None else getattr(self, rescue[2])
-        )
-        if rescue is not None and spent:
+        ):
+            spent = True
             if to is not None and to != rescue[0]:
                 apply(self.state, event, to)  # a `to` the table does not allow still raises
             state = rescue[0]
+        elif to is None and step is not None and step[0] is not None:
+            spent = False
+            state = step[0]
         else:
+            spent = False
             try:
                 state = _TABLE[self.state, event] if to is None else _TARGETS[self.state, event, to]
             except KeyError:
