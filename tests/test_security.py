@@ -355,6 +355,7 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, sp
         listener = psycopg.connect(dsn, autocommit=True)
         listener.execute(f'LISTEN "{wake_channel(name, "public")}"')
         victims = [psycopg.connect(dsn, user=owner, options=TIMEOUTS), psycopg.connect(dsn, options=TIMEOUTS)]
+        fsm = module_of(machine, tmp_path)
         n = Names.of(machine).sql
         nobody: Any = {"uuid": uuid.uuid4(), "bigint": 10**12, "text": "nobody"}[id_type]
         for conn in victims:  # the owner, then a superuser
@@ -412,6 +413,15 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, sp
                 assert conn.execute(f"SELECT {n.purge}('1 hour', 10)".encode()).fetchone() == (0,)
                 for waited in machine.notified:  # the question a waiter asks (its wake-ups were sent above)
                     conn.execute(f"SELECT {n.claimable_in}(%s)".encode(), (waited,))
+                # The module's own statements (issue 24): a batch insert, a move at whatever
+                # version the row has, a claim limited to a declared column's value.
+                given = {"id": str(uuid.uuid4())} if id_type == "text" else {}
+                (made,) = fsm.create_many(conn, [given], schema="public")  # moved on at once: claim takes none
+                assert fsm.transition(conn, made.id, event, expected_version=None, actor="x", to=target,
+                                      schema="public") == 1  # fmt: skip
+                if machine.postgres.claim_by:
+                    limited = {str(c): "nobody's" for c in machine.postgres.claim_by}
+                    assert fsm.claim(conn, event, actor="x", to=target, schema="public", **limited) == []
                 conn.commit()
                 assert conn.execute("SELECT is_called FROM public.marker").fetchone() == (False,)
         with listener:
