@@ -17,14 +17,15 @@ from fsmc.templating import as_variables, render
 
 
 @dataclass(frozen=True)
-class TestFileContext:
-    """What templates/test_module.py.j2 fills in (its fields are its variables)."""
+class SpecTable:
+    """The spec's table as a generated suite holds it, literal data of its own: what the
+    pytest file and the TypeScript suite (`fsmc.targets.typescript`) both fill in."""
 
     __test__ = False  # not a test class, whatever pytest makes of the name
 
     header: Header
     machine: str
-    module: str
+    module: str  # the module's file name, without its extension
     class_name: str
     states: list[str]
     events: list[str]
@@ -38,21 +39,12 @@ class TestFileContext:
     otherwise: list[tuple[str, str, str, str]]  # 1.2: (state, event, otherwise, the budget's event)
     resets: list[tuple[str, str, list[str]]]  # 1.2: (state, event, the events whose budgets come back)
     per_row: list[tuple[str, int]]  # 1.2: (event, the largest cap a row may have)
-    timers: list[tuple[str, str, str, int, float, int]]  # 1.2: (state, event, kind, ms, factor, max ms)
     limits: list[tuple[str, int]]  # 1.2: (state, the most rows it may hold)
-    # 1.2: the row's own data: (column, its default as Python, None for NULL; a value
-    # of its type to give it, not its default), in spec order
-    columns: list[tuple[str, str, str]]
-    uses_decimal: bool  # a numeric column: its values are decimal.Decimal
-    sample_id: str  # a Python expression
-    sql: SuiteContext  # the database's side, SQLSTATEs included (`sql.codes`)
-    # postgres.notify: (event, its sources where it fires at once, its timed sources)
-    notified: list[tuple[str, list[str], list[str]]] = dataclasses.field(default_factory=list)
 
 
-def emit(machine: Machine, pg: Build) -> str:
-    m = machine
-    return render("test_module.py.j2", **as_variables(TestFileContext(
+def spec_table(m: Machine) -> dict[str, object]:
+    """`SpecTable`'s fields for `m`, to fill a suite's context with."""
+    return dict(
         header=Header.of(m),
         machine=str(m.name),
         module=module_name(m.name),
@@ -69,8 +61,30 @@ def emit(machine: Machine, pg: Build) -> str:
         otherwise=[(s, e, to, budget) for (s, e), (to, budget) in m.otherwise.items()],
         resets=[(s, e, list(events)) for (s, e), events in m.resets.items()],
         per_row=list(m.per_row_caps.items()),
-        timers=[(s, e, t.kind, t.ms, t.factor, t.most_ms) for (s, e), t in m.timers.items()],
         limits=list(m.state_limits.items()),
+    )
+
+
+@dataclass(frozen=True)
+class TestFileContext(SpecTable):
+    """What templates/test_module.py.j2 fills in (its fields are its variables)."""
+
+    timers: list[tuple[str, str, str, int, float, int]]  # 1.2: (state, event, kind, ms, factor, max ms)
+    # 1.2: the row's own data: (column, its default as Python, None for NULL; a value
+    # of its type to give it, not its default), in spec order
+    columns: list[tuple[str, str, str]]
+    uses_decimal: bool  # a numeric column: its values are decimal.Decimal
+    sample_id: str  # a Python expression
+    sql: SuiteContext  # the database's side, SQLSTATEs included (`sql.codes`)
+    # postgres.notify: (event, its sources where it fires at once, its timed sources)
+    notified: list[tuple[str, list[str], list[str]]] = dataclasses.field(default_factory=list)
+
+
+def emit(machine: Machine, pg: Build) -> str:
+    m = machine
+    return render("test_module.py.j2", **as_variables(TestFileContext(
+        **spec_table(m),  # type: ignore[arg-type]
+        timers=[(s, e, t.kind, t.ms, t.factor, t.most_ms) for (s, e), t in m.timers.items()],
         columns=[(str(c.name), default_of(c), given_for(c, i)) for i, c in enumerate(m.postgres.columns)],
         uses_decimal=any(columns.TYPES[c.type].python == "decimal.Decimal" for c in m.postgres.columns),
         sample_id=ID_TYPES[m.postgres.id_type].sample,

@@ -28,6 +28,7 @@ from fsmc.model import DeclaredColumn, Machine
 from fsmc.targets.common import ID_TYPES, Header, module_name
 from fsmc.targets.postgres.build import Build, SuiteContext, suite_context
 from fsmc.targets.postgres.names import Names, cap_column, count_column
+from fsmc.targets.pytest_suite import SpecTable, spec_table
 from fsmc.targets.sqlstate import Codes
 from fsmc.templating import as_variables, render
 
@@ -323,29 +324,10 @@ def emit(machine: Machine) -> str:
 
 
 @dataclass(frozen=True)
-class TestFileContext:
+class TestFileContext(SpecTable):
     """What templates/test_module.ts.j2 fills in (its fields are its variables)."""
 
-    __test__ = False  # not a test class, whatever pytest makes of the name
-
-    header: Header
-    machine: str
-    module: str  # the module's file name, without its extension (.ts, and .py for Python's)
-    class_name: str
-    states: list[str]
-    events: list[str]
-    initial: str
-    initials: list[str]
-    terminals: list[str]
-    purgeable: list[str]
-    transitions: list[tuple[str, str, str]]
-    choices: list[tuple[str, str, list[str]]]
-    caps: list[tuple[str, int]]
-    otherwise: list[tuple[str, str, str, str]]  # (state, event, otherwise, the budget's event)
-    resets: list[tuple[str, str, list[str]]]
-    per_row: list[tuple[str, int]]
     timers: list[tuple[str, str, str]]  # (state, event, kind)
-    limits: list[tuple[str, int]]
     sample_id: str  # a TypeScript expression
     no_such_id: str  # one no row has
     sql: SuiteContext
@@ -362,24 +344,8 @@ SAMPLE_IDS = {
 def emit_tests(machine: Machine, pg: Build) -> str:
     m = machine
     return render("test_module.ts.j2", **as_variables(TestFileContext(
-        header=Header.of(m),
-        machine=str(m.name),
-        module=module_name(m.name),
-        class_name=m.camel_name,
-        states=list(m.state_names),
-        events=list(m.event_names),
-        initial=str(m.initial),
-        initials=list(m.initial_names),
-        terminals=list(m.terminals_in_order),
-        purgeable=list(m.purgeable_names),
-        transitions=[(s, e, t) for (s, e), t in m.single.items()],
-        choices=[(s, e, sorted(ts)) for (s, e), ts in m.choices.items()],
-        caps=list(m.cap_limits.items()),
-        otherwise=[(s, e, to, budget) for (s, e), (to, budget) in m.otherwise.items()],
-        resets=[(s, e, list(events)) for (s, e), events in m.resets.items()],
-        per_row=list(m.per_row_caps.items()),
+        **spec_table(m),  # type: ignore[arg-type]
         timers=[(s, e, t.kind) for (s, e), t in m.timers.items()],
-        limits=list(m.state_limits.items()),
         sample_id=ts_str(SAMPLE_IDS[m.postgres.id_type][0]),
         no_such_id=ts_str(SAMPLE_IDS[m.postgres.id_type][1]),
         sql=suite_context(pg),
