@@ -327,6 +327,12 @@ CREATE FUNCTION subscription_claim(
     to_state text DEFAULT NULL
 ) RETURNS SETOF subscriptions
 LANGUAGE plpgsql SECURITY DEFINER
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_sort = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
 AS $fsmc$
 #variable_conflict use_column
 DECLARE
