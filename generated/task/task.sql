@@ -235,48 +235,85 @@ BEGIN
         -- and the event row. A concurrent mover of this row makes the UPDATE wait, then
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
-        -- Read with the row's counts, at the version the UPDATE then requires: a budget
-        -- spent at that version decides where the move goes.
-        SELECT t.state, coalesce((m.move OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE m.move OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false)
-        INTO v_from, v_spent
-        FROM tasks AS t, LATERAL (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event) AS move) AS m
-        WHERE t.id = task_apply.id;
-        IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '829765606477e4f6cc2acd33b4d864ce807032cecdd182b4ae501668934ee76f' THEN
-            RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
-                MESSAGE = 'task_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
-                HINT = 'retry the transaction: it then runs under the new spec';
-        END IF;
-        -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
-        -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
-        -- create, in an old `public`) over the built-in.
-        v_move := '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
-        -- A spent budget sends the row to the otherwise, whichever target was asked for.
-        v_to := CASE WHEN v_spent THEN CASE WHEN v_wanted IS NULL OR v_wanted = v_move OPERATOR(pg_catalog.->>) 'o'::pg_catalog.text
-                                                 OR (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted
-                                            THEN v_move OPERATOR(pg_catalog.->>) 'o'::pg_catalog.text END
-                     WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
-                     WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
-        IF v_to IS NOT NULL THEN
-            v_lease := CASE WHEN v_spent THEN v_move OPERATOR(pg_catalog.->>) 'ol'::pg_catalog.text
-                            ELSE (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) v_to END;
-            UPDATE tasks AS t
-            SET state = v_to,
-                state_version = t.state_version + 1,
-                retry_count = CASE WHEN (v_move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT v_spent THEN 1 ELSE 0 END END,
-                due_at = CASE v_to WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
-                entered_at = pg_catalog.now(),
-                claimed_by = CASE v_lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-            WHERE t.id = task_apply.id
-              AND t.state_version = task_apply.expected_version AND t.state = v_from
-              AND (NOT (v_move OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= pg_catalog.now())
-              AND (v_event <> 'retry' OR v_spent OR t.retry_count < 5);
-            IF FOUND THEN
-                INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
-                VALUES (task_apply.id, task_apply.expected_version + 1, v_from, v_event, v_to,
-                        task_apply.actor, task_apply.payload);
-                RETURN task_apply.expected_version + 1;
+        IF v_event = ANY ('{"acquire","begin","complete","fail","give_up","expire"}'::text[]) THEN
+            v_spent := false;  -- no move of this event has a budget to spend
+            SELECT t.state INTO v_from FROM tasks AS t WHERE t.id = task_apply.id;
+            IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '829765606477e4f6cc2acd33b4d864ce807032cecdd182b4ae501668934ee76f' THEN
+                RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                    MESSAGE = 'task_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
+                    HINT = 'retry the transaction: it then runs under the new spec';
+            END IF;
+            -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
+            -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
+            -- create, in an old `public`) over the built-in.
+            v_move := '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
+            v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                         WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
+            IF v_to IS NOT NULL THEN
+                v_lease := (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) v_to;
+                UPDATE tasks AS t
+                SET state = v_to,
+                    state_version = t.state_version + 1,
+                    retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
+                    due_at = CASE v_to WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+                    entered_at = pg_catalog.now(),
+                    claimed_by = CASE v_lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+                    claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                    heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                WHERE t.id = task_apply.id
+                  AND t.state_version = task_apply.expected_version AND t.state = v_from
+                  AND (v_event <> 'retry' OR t.retry_count < 5);
+                IF FOUND THEN
+                    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
+                    VALUES (task_apply.id, task_apply.expected_version + 1, v_from, v_event, v_to,
+                            task_apply.actor, task_apply.payload);
+                    RETURN task_apply.expected_version + 1;
+                END IF;
+            END IF;
+        ELSE
+            -- Read with the row's counts, at the version the UPDATE then requires: a budget
+            -- spent at that version decides where the move goes.
+            SELECT t.state, coalesce((m.move OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE m.move OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false)
+            INTO v_from, v_spent
+            FROM tasks AS t, LATERAL (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event) AS move) AS m
+            WHERE t.id = task_apply.id;
+            IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '829765606477e4f6cc2acd33b4d864ce807032cecdd182b4ae501668934ee76f' THEN
+                RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                    MESSAGE = 'task_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
+                    HINT = 'retry the transaction: it then runs under the new spec';
+            END IF;
+            -- The jsonb operators by their pg_catalog names: for `v_move ->> 's'` PostgreSQL
+            -- would take an exact `->>(jsonb, jsonb)` from this schema (where others may
+            -- create, in an old `public`) over the built-in.
+            v_move := '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (v_from || ' ' || v_event);
+            -- A spent budget sends the row to the otherwise, whichever target was asked for.
+            v_to := CASE WHEN v_spent THEN CASE WHEN v_wanted IS NULL OR v_wanted = v_move OPERATOR(pg_catalog.->>) 'o'::pg_catalog.text
+                                                     OR (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted
+                                                THEN v_move OPERATOR(pg_catalog.->>) 'o'::pg_catalog.text END
+                         WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                         WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
+            IF v_to IS NOT NULL THEN
+                v_lease := CASE WHEN v_spent THEN v_move OPERATOR(pg_catalog.->>) 'ol'::pg_catalog.text
+                                ELSE (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) v_to END;
+                UPDATE tasks AS t
+                SET state = v_to,
+                    state_version = t.state_version + 1,
+                    retry_count = CASE WHEN (v_move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT v_spent THEN 1 ELSE 0 END END,
+                    due_at = CASE v_to WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+                    entered_at = pg_catalog.now(),
+                    claimed_by = CASE v_lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+                    claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                    heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                WHERE t.id = task_apply.id
+                  AND t.state_version = task_apply.expected_version AND t.state = v_from
+                  AND (NOT (v_move OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= pg_catalog.now())
+                  AND (v_event <> 'retry' OR v_spent OR t.retry_count < 5);
+                IF FOUND THEN
+                    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
+                    VALUES (task_apply.id, task_apply.expected_version + 1, v_from, v_event, v_to,
+                            task_apply.actor, task_apply.payload);
+                    RETURN task_apply.expected_version + 1;
+                END IF;
             END IF;
         END IF;
 
@@ -524,6 +561,45 @@ BEGIN
                           FROM (SELECT v.move,
                                        CASE WHEN p.spent THEN v.move OPERATOR(pg_catalog.->>) 'o'::pg_catalog.text
                                             WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
+                                            WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) task_claim.to_state
+                                            THEN task_claim.to_state END AS to_state
+                                FROM (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x
+            WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
+            -- The whole row as moved (`t`: the table's own row type, whatever order a migration
+            -- left its columns in), which the claim returns: the caller reads no row back.
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+        ), logged AS (
+            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
+            FROM moved AS m
+        )
+        SELECT (m.claimed).* FROM moved AS m;
+    ELSIF v_event = ANY ('{"acquire","begin","complete","fail","give_up","expire"}'::text[]) AND v_sources OPERATOR(pg_catalog.<@) '{"new","failed"}'::text[] THEN
+        -- An event without budgets or timers: the same claim without their expressions.
+        RETURN QUERY
+        WITH picked AS (
+            SELECT t.id, t.state
+            FROM tasks AS t
+            WHERE t.state IN ('new', 'failed')
+              AND t.state = ANY (v_sources)
+              AND (v_event <> 'retry' OR t.retry_count < 5)
+            ORDER BY t.entered_at
+            LIMIT task_claim.max_rows
+            FOR UPDATE SKIP LOCKED
+        ), moved AS (
+            UPDATE tasks AS t
+            SET state = x.to_state,
+                state_version = t.state_version + 1,
+                retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
+                due_at = CASE x.to_state WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+                entered_at = pg_catalog.now(),
+                claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
+                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+            FROM picked AS p,
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                          FROM (SELECT v.move,
+                                       CASE WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) task_claim.to_state
                                             THEN task_claim.to_state END AS to_state
                                 FROM (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (p.state || ' ' || v_event) AS move) AS v) AS w) AS x

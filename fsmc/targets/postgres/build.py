@@ -237,6 +237,15 @@ class TimingContext:
 
 
 @dataclass(frozen=True)
+class PlainMoves:
+    """The events whose moves have no `otherwise`, `reset` or timer (1.2): `_apply` and
+    `_claim` move them by statements without those expressions."""
+
+    events: str  # a text[] literal
+    enter_timed: bool  # some of them lead into a timed state (else due_at is NULL after them)
+
+
+@dataclass(frozen=True)
 class PurgeContext:
     in_purgeable: str
     index_predicate: str
@@ -306,6 +315,9 @@ class BodyContext:
     caps: list[CapContext]
     moves: str  # `_apply`'s table of moves, a jsonb constant (`moves_jsonb`)
     budgets: bool  # 1.2: some move has an `otherwise` or a `reset`, which `moves` holds
+    # With budgets: the events none of whose moves has an `otherwise`, a `reset` or a
+    # timer, which `_apply` and `_claim` move by plainer statements (None: no such event).
+    plain_moves: PlainMoves | None
     timing: TimingContext | None  # 1.2: the timed transitions (`after`), or None
     digest: str  # the machine's digest, which a body checks is still the schema's
     limits: LimitsContext | None  # 1.2: with `limits`
@@ -622,6 +634,19 @@ _PLANNED_ONCE = (("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "
 _WRITER = ("SECURITY DEFINER",)
 
 
+def plain_moves(m: Machine) -> PlainMoves | None:
+    """With budgets or timers (1.2): the events none of whose moves has an `otherwise`,
+    a `reset` or a timer. None without budgets (every statement is plain then) or
+    without such an event."""
+    special = {e for s, e in (*m.otherwise, *m.resets, *m.timers)}
+    plain = [e for e in m.event_names if e not in special]
+    if not special or not plain:
+        return None
+    timed = {s for s, _ in m.timers}
+    enter_timed = any(t in timed for s, e, t in m.edges if e in plain)
+    return PlainMoves(sql_text_array(plain), enter_timed)
+
+
 def claim_key(m: Machine) -> list[str]:
     """The columns a claim of an untimed event orders by: 1.2's `postgres.claim.order`
     (the lowest first), then `entered_at` (the oldest)."""
@@ -832,6 +857,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         ),
         moves=moves_jsonb(m),
         budgets=bool(m.otherwise or m.resets or m.timers),
+        plain_moves=plain_moves(m),
         timing=timing_context(m),
         digest=machine_digest(m),
         limits=limits_context(m),
