@@ -223,11 +223,16 @@ _RESETS: typing.Final[dict[tuple[str, str], frozenset[Event]]] = {
 _TABLE: typing.Final[dict[tuple[str, str], State]] = {
     key: target for key, target in TRANSITIONS.items()
 }
-# Each declared (state, event): its single target (None for a choice) and its otherwise
-# (None without one), so the dataclass's apply() finds both in one lookup.
+# The dataclass's apply() without `to=`, in one lookup: each (state, event) with a
+# single target and no reset -> (that target, its otherwise or None, which capped event
+# it is: 1 for the first of CAPS, 0 for none). The rest take apply()'s longer way.
 _STEP: typing.Final[
-    dict[tuple[str, str], tuple[State | None, tuple[State, str, str | None, int] | None]]
-] = {key: (TRANSITIONS.get(key), _OTHERWISE.get(key)) for key in (*TRANSITIONS, *CHOICES)}
+    dict[tuple[str, str], tuple[State, tuple[State, str, str | None, int] | None, int]]
+] = {
+    (s, e): (t, _OTHERWISE.get((s, e)), 1 if e == Event.FETCH else 2 if e == Event.RETRY else 0)
+    for (s, e), t in TRANSITIONS.items()
+    if (s, e) not in _RESETS
+}
 # Every legal (state, event, to): apply(..., to=...) is one lookup, choice or not.
 _TARGETS: typing.Final[dict[tuple[str, str, str], State]] = {
     **{(s, e, t): t for (s, e), t in TRANSITIONS.items()},
@@ -472,39 +477,54 @@ class Queue:
         there instead, whatever `to` asked among its targets, and counts nothing.
         A move that resets events gives their counts back to 0.
         """
-        step = _STEP.get((self.state, event))
-        rescue = None if step is None else step[1]
-        if rescue is not None and getattr(self, rescue[1]) >= (
-            rescue[3] if rescue[2] is None else getattr(self, rescue[2])
-        ):
-            spent = True
-            if to is not None and to != rescue[0]:
-                apply(self.state, event, to)  # a `to` the table does not allow still raises
-            state = rescue[0]
-        elif to is None and step is not None and step[0] is not None:
-            spent = False
-            state = step[0]
+        step = _STEP.get((self.state, event)) if to is None else None
+        if step is not None:
+            # The common way: one target, no reset; a spent budget goes to the otherwise.
+            state, rescue, capped = step
+            fetch_count = self.fetch_count
+            retry_count = self.retry_count
+            if rescue is not None and getattr(self, rescue[1]) >= (
+                rescue[3] if rescue[2] is None else getattr(self, rescue[2])
+            ):
+                state = rescue[0]
+            elif capped == 1:
+                if fetch_count >= self.fetch_cap:
+                    raise CapReached(self.state, event, self.fetch_cap)
+                fetch_count += 1
+            elif capped == 2:
+                if retry_count >= 1000:
+                    raise CapReached(self.state, event, 1000)
+                retry_count += 1
         else:
-            spent = False
-            try:
-                state = _TABLE[self.state, event] if to is None else _TARGETS[self.state, event, to]
-            except KeyError:
-                state = apply(self.state, event, to)  # raises IllegalTransition or ValueError
-        fetch_count = self.fetch_count
-        if event == Event.FETCH and not spent:
-            if fetch_count >= self.fetch_cap:
-                raise CapReached(self.state, event, self.fetch_cap)
-            fetch_count += 1
-        retry_count = self.retry_count
-        if event == Event.RETRY and not spent:
-            if retry_count >= 1000:
-                raise CapReached(self.state, event, 1000)
-            retry_count += 1
-        reset = _RESETS.get((self.state, event), frozenset())
-        if Event.FETCH in reset:
-            fetch_count = 0
-        if Event.RETRY in reset:
-            retry_count = 0
+            rescue = _OTHERWISE.get((self.state, event))
+            if rescue is not None and getattr(self, rescue[1]) >= (
+                rescue[3] if rescue[2] is None else getattr(self, rescue[2])
+            ):
+                spent = True
+                if to is not None and to != rescue[0]:
+                    apply(self.state, event, to)  # a `to` the table does not allow still raises
+                state = rescue[0]
+            else:
+                spent = False
+                try:
+                    state = _TABLE[self.state, event] if to is None else _TARGETS[self.state, event, to]
+                except KeyError:
+                    state = apply(self.state, event, to)  # raises IllegalTransition or ValueError
+            fetch_count = self.fetch_count
+            if event == Event.FETCH and not spent:
+                if fetch_count >= self.fetch_cap:
+                    raise CapReached(self.state, event, self.fetch_cap)
+                fetch_count += 1
+            retry_count = self.retry_count
+            if event == Event.RETRY and not spent:
+                if retry_count >= 1000:
+                    raise CapReached(self.state, event, 1000)
+                retry_count += 1
+            reset = _RESETS.get((self.state, event), frozenset())
+            if Event.FETCH in reset:
+                fetch_count = 0
+            if Event.RETRY in reset:
+                retry_count = 0
         new = object.__new__(Queue)
         _SET_ID(new, self.id)
         _SET_STATE(new, state)
