@@ -10,6 +10,7 @@ reports those with the naming rule spelled out, and once is enough.
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -50,7 +51,16 @@ def _fast_check() -> Any:
     # would say the same and cost a third of the check on a 20,000-transition spec).
     transition = schema["$defs"]["transition"]
     transition["dependencies"] = transition.pop("dependentSchemas")
-    return fastjsonschema.compile(schema)
+    # The generated code formats each item's path (`data.transitions[12]`) from its
+    # locals before it checks the item, for an error message this gate never reads:
+    # on a 20,000-transition spec, a third of the check. Left unformatted, the path is
+    # a constant; what the code accepts and refuses is the same.
+    code = fastjsonschema.compile_to_code(schema).replace(".format(**locals())", "")
+    root = re.search(r"^def (\w+)\(", code, re.MULTILINE)
+    assert root is not None, "fastjsonschema generated no function"
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "<fsmc: spec.schema.json, fastjsonschema>", "exec"), namespace)  # noqa: S102 - our own schema's code
+    return namespace[root.group(1)]
 
 
 def fits(root: Any) -> bool:
