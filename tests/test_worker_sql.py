@@ -46,6 +46,32 @@ def queued(db: Scratch, n: int) -> list[Any]:
 # --- claim ----------------------------------------------------------------------------
 
 
+def test_claim_is_planned_once_a_session_and_its_plan_stays_on_the_claim_index(db: Scratch) -> None:
+    # PL/pgSQL re-planned each claim for its call's values (to the planner `LIMIT
+    # max_rows` may be a tenth of the table), and a plan made for any values, unguided,
+    # hash-joined the moved rows to a scan of the whole table. The claim keeps the plan
+    # made for any values (its parameters, `$n`, where a call's plan shows its values),
+    # on the claim index: here over 20,000 rows whose age runs against their order on disk.
+    with db.superuser() as su:
+        su.execute("SET session_replication_role = replica")  # backdated rows, as the guard would not allow
+        su.execute(db.q("INSERT INTO {table} (state, entered_at)"
+                        " SELECT 'queued', now() - g * interval '1 second' FROM generate_series(1, 20000) AS g"))  # fmt: skip
+        su.commit()
+        su.autocommit = True
+        su.execute(db.q("ANALYZE {table}"))
+        oldest = [r[0] for r in su.execute(db.q("SELECT id FROM {table} ORDER BY entered_at LIMIT 3")).fetchall()]
+    for _ in range(2):  # the second call in the session runs the plan the first made
+        plans = [p for p in nested_plans(db, db.q("SELECT id FROM {claim}('claim', 'w', 3)")) if "SKIP LOCKED" in p]
+        assert len(plans) == 1, plans
+        assert re.search(rf"Index Scan using {re.escape(db.names.claim_index)}\b", plans[0]), plans[0]
+        assert not re.search(r"Seq Scan|Hash Join|Merge Join|\bSort\b", plans[0]), plans[0]
+        assert re.search(r"ANY \(\$\d+\)", plans[0]), plans[0]  # the sources as a parameter: the generic plan
+    with db.connect() as app:
+        taken = [r[0] for r in app.execute(db.q("SELECT id FROM {claim}('claim', 'w', 3)")).fetchall()]
+        app.commit()
+    assert taken == oldest
+
+
 def test_claim_moves_the_oldest_rows_of_its_source_states_and_logs_them(db: Scratch) -> None:
     ids = []
     with db.connect() as conn:
