@@ -62,9 +62,18 @@ def load_job() -> Any:
 job = load_job()
 
 
+def drop_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    """The schema and the writer roles fsmc's installs made for it (`<schema>_<machine>
+    _writer_<hash>`): roles belong to the cluster, and would outlive every run."""
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    pattern = schema.replace("_", r"\_") + r"\_%\_writer\_%"
+    for (role,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (pattern,)).fetchall():
+        conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(role)))
+
+
 def fresh_schema(dsn: str, schema: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        drop_schema(conn, schema)
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
 
 
@@ -435,7 +444,7 @@ def latency_main(args: argparse.Namespace) -> None:
             median, p99 = got[len(got) // 2], got[min(len(got) - 1, int(len(got) * 0.99))]
             cells.append(f"{median * 1000:>8.2f} / {p99 * 1000:>7.2f}")
             with psycopg.connect(args.dsn, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+                drop_schema(conn, schema)
         print(f"{name:<16}" + "".join(f"{c:>20}" for c in cells), flush=True)
 
 
@@ -479,8 +488,7 @@ def main(argv: list[str] | None = None) -> int:
               + ("   target >= 0.90x: " + ("PASS" if min(ratios) >= 0.90 else "MISS")))  # fmt: skip
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         for name in CONTENDERS:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                sql.Identifier("bench_" + name.replace(" ", "_"))))  # fmt: skip
+            drop_schema(conn, "bench_" + name.replace(" ", "_"))
     return 0
 
 
