@@ -653,7 +653,8 @@ BEGIN
             )
             SELECT (m.claimed).* FROM moved AS m;
         ELSIF v_event = ANY ('{"fetch","complete","discard","cancel"}'::text[]) AND v_sources OPERATOR(pg_catalog.<@) '{"available","scheduled","retryable","completed","cancelled","discarded"}'::text[] THEN
-            -- An event without budgets or timers: the same claim without their expressions.
+            -- An event with no otherwise, reset or timer (its cap still holds): the same claim
+            -- without their expressions.
             RETURN QUERY
             WITH picked AS (
                 SELECT t.id, t.state
@@ -835,7 +836,8 @@ BEGIN
             )
             SELECT (m.claimed).* FROM moved AS m;
         ELSIF v_event = ANY ('{"fetch","complete","discard","cancel"}'::text[]) AND v_sources OPERATOR(pg_catalog.<@) '{"available","scheduled","retryable","completed","cancelled","discarded"}'::text[] THEN
-            -- An event without budgets or timers: the same claim without their expressions.
+            -- An event with no otherwise, reset or timer (its cap still holds): the same claim
+            -- without their expressions.
             RETURN QUERY
             WITH picked AS (
                 SELECT t.id, t.state

@@ -575,7 +575,8 @@ BEGIN
         )
         SELECT (m.claimed).* FROM moved AS m;
     ELSIF v_event = ANY ('{"acquire","begin","complete","fail","give_up","expire"}'::text[]) AND v_sources OPERATOR(pg_catalog.<@) '{"new","failed"}'::text[] THEN
-        -- An event without budgets or timers: the same claim without their expressions.
+        -- An event with no otherwise, reset or timer (its cap still holds): the same claim
+        -- without their expressions.
         RETURN QUERY
         WITH picked AS (
             SELECT t.id, t.state
