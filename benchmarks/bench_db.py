@@ -129,7 +129,7 @@ def row_id(number: str) -> str:
 
 # The same UPDATE apply makes (version check, lease bookkeeping): the claim rule's
 # SET clauses from fsmc.facts, as the SQL target writes them, over a parameter.
-LEASE_SET = ",\n    ".join(claim_assignments("%(lease)s", "%(actor)s"))
+LEASE_SET = ",\n    ".join(claim_assignments("%(lease)s", "%(actor)s", "pg_catalog.now()"))
 CTE_SQL = f"""
 WITH moved AS (
     UPDATE jobs_bare SET state = %(to)s, entered_at = pg_catalog.now(),
@@ -194,7 +194,7 @@ def unchecked_function(machine: Machine) -> str:
             for s, moves in facts.by_state(machine)
         )  # fmt: skip
 
-    claims = ",\n        ".join(claim_assignments("v_lease", "job_apply_unchecked.actor", "t"))
+    claims = ",\n        ".join(claim_assignments("v_lease", "job_apply_unchecked.actor", "pg_catalog.now()", "t"))
     return f"""
 CREATE FUNCTION job_apply_unchecked(
     id uuid, event text, expected_version bigint, actor text, payload jsonb DEFAULT NULL,
@@ -426,7 +426,7 @@ def pgbench_step(method: str, step: tuple[str, str, str, str]) -> str:
         return f"SELECT job_apply({ident}, {sql_str(event)}, :v, 'bench');"
     if method == "function":
         return f"SELECT job_apply_unchecked({ident}, {sql_str(event)}, :v, 'bench');"
-    claims = ", ".join(claim_assignments(sql_str(change), "'bench'", "t"))
+    claims = ", ".join(claim_assignments(sql_str(change), "'bench'", "pg_catalog.now()", "t"))
     move = (f"UPDATE jobs_bare AS t SET state = {sql_str(to)}, entered_at = pg_catalog.now(),"
             f" state_version = t.state_version + 1, {claims}")  # fmt: skip
     insert = "INSERT INTO job_events_bare (job_id, version, from_state, event, to_state, actor)"

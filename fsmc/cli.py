@@ -349,6 +349,9 @@ def _roles(args: argparse.Namespace) -> int:
         return EXIT_ERRORS
     m = checked.machine
     schema = args.schema or m.postgres.schema
+    for option, name in (("--database", args.database), ("--schema", schema), ("--owner", args.owner),
+                         ("--app", args.app)):  # fmt: skip
+        _sql_name(option, name)
     writer, owner = sql_ident(writer_role(str(m.name), args.database, schema)), sql_ident(args.owner)
     sql_file = Paths.of(m).sql.rsplit("/", 1)[-1]
     if m.postgres.writer_role:
@@ -371,6 +374,21 @@ def _roles(args: argparse.Namespace) -> int:
     ]
     sys.stdout.write("\n".join(lines) + "\n")
     return EXIT_OK
+
+
+def _sql_name(option: str, name: str) -> None:
+    """Refuse (exit 2) a name PostgreSQL cannot hold as given: it cuts a name past 63
+    bytes short (two installations could then share one), and holds no empty one or
+    NUL."""
+    from fsmc.escape import SQL_NAME_MAX
+
+    if not name or "\x00" in name:
+        raise Trouble(f"{option}: {name!r} is not a name PostgreSQL can hold (empty, or with a NUL)")
+    if len(name.encode()) > SQL_NAME_MAX:
+        raise Trouble(
+            f"{option}: {name!r} is {len(name.encode())} bytes; PostgreSQL names hold at most "
+            f"{SQL_NAME_MAX} (it would cut this one short)"
+        )
 
 
 def _schema(args: argparse.Namespace) -> int:

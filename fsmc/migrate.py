@@ -155,7 +155,7 @@ from fsmc.targets.common import migration_header
 from fsmc.targets.postgres.build import Build, build
 from fsmc.targets.postgres.encode import due_from_entry
 from fsmc.targets.postgres.formats import upgrade_format
-from fsmc.targets.postgres.install import app_writes, callable_functions
+from fsmc.targets.postgres.install import app_writes
 from fsmc.targets.postgres.model import Schema, Table
 from fsmc.targets.postgres.names import Names, count_column
 from fsmc.targets.postgres.operations import (
@@ -403,7 +403,7 @@ def grant_movers(new: Build) -> GrantMovers:
         apply=next(f for f in new.schema.functions if f.name == n.sql.apply),
         table=n.sql.table,
         events_table=n.sql.events_table,
-        functions=tuple(sql_ident(f) for f in callable_functions(new.machine, n)),
+        functions=tuple(new.install.context.executable),  # by signature, never by name alone
         writes=app_writes(new.machine, n),
         limits_table=n.sql.limits if new.machine.state_limits else "",
     )

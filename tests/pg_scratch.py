@@ -31,6 +31,7 @@ import functools
 import importlib.util
 import os
 import sys
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -279,6 +280,40 @@ class Scratch:
             assert got == version + 1, (state, event, got)
             state, version = target, got
         return version
+
+    def wait_until_blocked(self, conn: psycopg.Connection[Any], call: Any) -> None:
+        """Until `conn`'s backend waits on a lock (asked of the server, not slept for);
+        `call` is the future running on it, which must not have finished."""
+        pid = conn.info.backend_pid
+        deadline = time.monotonic() + 60  # a guard against hanging, not a claim
+        with psycopg.connect(self.dsn, autocommit=True) as su:
+            while True:
+                row = su.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                if row is not None and row[0] == "Lock":
+                    return
+                assert not call.done(), "the call must wait for the lock"
+                assert time.monotonic() < deadline, "the call never reached the lock"
+                time.sleep(0.01)
+
+    def asleep(self, conn: psycopg.Connection[Any]) -> None:
+        """Until `conn`'s backend sleeps in a wait_for() (idle, its last query the
+        question `_claimable_in`)."""
+        pid = conn.info.backend_pid
+        with psycopg.connect(self.dsn, autocommit=True) as su:
+            for _ in range(1000):
+                row = su.execute("SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                if row is not None and row[0] == "idle" and "claimable_in" in row[1]:
+                    return
+                time.sleep(0.005)
+        raise AssertionError("the waiter never went to sleep")
+
+    @staticmethod
+    def clock(conn: psycopg.Connection[Any]) -> Any:
+        """The server's clock now (`clock_timestamp()`, not the transaction's start): a
+        stamp the database writes lies between a reading before the write and one after."""
+        got = conn.execute("SELECT pg_catalog.clock_timestamp()").fetchone()
+        assert got is not None
+        return got[0]
 
     def row(self, conn: psycopg.Connection[Any], row_id: Any) -> tuple[str, int]:
         got = conn.execute(self.q("SELECT state, state_version FROM {table} WHERE id = %s"),

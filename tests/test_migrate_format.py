@@ -12,7 +12,8 @@ format 2 (commit 9830bc5; its first lines say how it was made), and
 added_state_old.format3.sql at format 3 (commit 970ec0a, the last before format 4),
 added_state_old.format4.sql at format 4 (commit a63c560, the last before format 5),
 added_state_old.format5.sql at format 5 (commit 836a4ae, the last before format 6),
-added_state_old.format6.sql at format 6 (commit 8cb3727, the last before format 7)."""
+added_state_old.format6.sql at format 6 (commit 8cb3727, the last before format 7),
+added_state_old.format7.sql at format 7 (commit d8673ce, the last before format 8)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ FORMAT3 = ROOT / "tests" / "format_cases" / "added_state_old.format3.sql"
 FORMAT4 = ROOT / "tests" / "format_cases" / "added_state_old.format4.sql"
 FORMAT5 = ROOT / "tests" / "format_cases" / "added_state_old.format5.sql"
 FORMAT6 = ROOT / "tests" / "format_cases" / "added_state_old.format6.sql"
+FORMAT7 = ROOT / "tests" / "format_cases" / "added_state_old.format7.sql"
 
 
 def without_column_order(objects: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
@@ -336,6 +338,38 @@ def test_a_format_6_database_claims_whole_rows_and_keeps_who_may_claim(pg_dsn: s
         with db.connect() as app:
             claimed = app.execute(db.q("SELECT id, state, state_version, claimed_by FROM {claim}('claim', 'w', 100)")).fetchall()
             assert (queued, "claimed", 1, "w") in claimed
+            app.rollback()
+    finally:
+        db.drop()
+
+
+def test_a_format_7_database_gets_the_writes_moment_for_its_times(pg_dsn: str) -> None:
+    # Format 7 stamped every time with its transaction's start (now()), defaults too:
+    # a row moved in a long transaction looked moved long before (issue 35, N2). The
+    # migration sets the defaults to the write's moment and makes every function and
+    # trigger again (the event log's own stamping trigger among them).
+    old, new = spec("added_state"), spec("added_state", "new")
+    db = Scratch.create(pg_dsn, old, FORMAT7.read_text(encoding="utf-8"))
+    try:
+        defaults = ("SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef AS d"
+                    " JOIN pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
+                    " WHERE d.adrelid = 'job_events'::regclass AND a.attname = 'at'")  # fmt: skip
+        with db.owner() as owner:  # format 7's grants are today's
+            owner.execute(db.grants())
+            owner.commit()
+            assert owner.execute("SELECT job_fsmc_format()").fetchone() == (7,)
+            assert owner.execute(defaults).fetchone() == ("now()",)
+        migrates_to_a_fresh_build(pg_dsn, db, old, new, "SELECT to_regtype('no_such_type')")
+        with db.owner() as owner:
+            assert owner.execute(defaults).fetchone() == ("clock_timestamp()",)
+        with db.connect() as app:
+            row_id = db.new_row(app)
+            app.commit()
+            app.execute("SELECT pg_sleep(0.05)")
+            started = db.clock(app)
+            assert db.apply(app, row_id, "claim", 0, actor="w") == 1
+            stamped = app.execute(db.q("SELECT entered_at, claimed_at FROM {table} WHERE id = %s"), (row_id,)).fetchone()
+            assert stamped is not None and started <= stamped[0] == stamped[1]
             app.rollback()
     finally:
         db.drop()

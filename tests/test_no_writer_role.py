@@ -181,32 +181,36 @@ def test_the_guard_keeps_what_a_function_stamped_and_stamps_a_move_by_hand(db: S
     assert m.lease is not None
     held = str(m.lease.states[0])
     source, event = next((s, e) for (s, e), ts in m.targets.items() if ts == (held,) and s not in m.lease.states)
-    stamped = db.q("SELECT claimed_by, claimed_at = now(), entered_at = now() FROM {table} WHERE id = %s")
+    # The claim begun when the row entered the lease, by this transaction's move.
+    stamped = db.q("SELECT claimed_by, claimed_at = entered_at, entered_at >= %s FROM {table} WHERE id = %s")
     with db.connect() as app:
         moved, by_hand = db.row_at(app, source), db.row_at(app, source)
         app.commit()
+        started = db.clock(app)
         before = updates_so_far(db, app)
         assert db.apply(app, moved[0], event, moved[1], actor="worker-7") == moved[1] + 1
         # The actor the function wrote, not the session's role; and one row version
         # written, the AFTER guard's stamp included (none: the function stamped it).
-        assert app.execute(stamped, (moved[0],)).fetchone() == ("worker-7", True, True)
+        assert app.execute(stamped, (started, moved[0])).fetchone() == ("worker-7", True, True)
         assert updates_so_far(db, app) - before == 1
         app.commit()
         # A move by hand, its event row beside it: stamped by the guard, as ever.
+        started = db.clock(app)
         before = updates_so_far(db, app)
         app.execute(db.q("UPDATE {table} SET state = %s, state_version = state_version + 1 WHERE id = %s"),
                     (held, by_hand[0]))  # fmt: skip
         app.execute(db.q("INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"
                          " VALUES (%s, %s, %s, %s, %s, 'by hand')"), (by_hand[0], by_hand[1] + 1, source, event, held))  # fmt: skip
-        assert app.execute(stamped, (by_hand[0],)).fetchone() == (db.app_role, True, True)
+        assert app.execute(stamped, (started, by_hand[0])).fetchone() == (db.app_role, True, True)
         # The AFTER guard stamps it with an UPDATE of its own (what the count above sees).
         assert updates_so_far(db, app) - before == (1 if m.caps else 2)
         app.commit()
 
 
 def test_a_move_by_hand_after_a_functions_move_in_one_transaction_gets_its_due_time(pg_dsn: str) -> None:
-    """The row's entered_at is now() already (the function's move): the guard must
-    still stamp the due time of the timed state a move by hand enters."""
+    """The row's entered_at was stamped already (the function's move, in this very
+    transaction): the guard must still stamp the due time of the timed state a move by
+    hand enters."""
     db = Scratch.create(pg_dsn, machine_from_text(TIMED, "timed.yaml"))
     try:
         with db.connect() as app:
@@ -216,7 +220,7 @@ def test_a_move_by_hand_after_a_functions_move_in_one_transaction_gets_its_due_t
             app.execute(db.q("UPDATE {table} SET state = 'c', state_version = 2 WHERE id = %s"), (row_id,))
             app.execute(db.q("INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"
                              " VALUES (%s, 2, 'b', 'wait', 'c', 'by hand')"), (row_id,))  # fmt: skip
-            due = app.execute(db.q("SELECT due_at - now() FROM {table} WHERE id = %s"), (row_id,)).fetchone()
+            due = app.execute(db.q("SELECT due_at - entered_at FROM {table} WHERE id = %s"), (row_id,)).fetchone()
             assert due is not None and due[0] is not None and due[0].total_seconds() == 3600
             app.commit()
             error = refused(app, db.q("SELECT {apply}(%s, 'fire', 2, 'early')"), (row_id,))

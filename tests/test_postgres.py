@@ -168,15 +168,21 @@ def test_apply_moves_along_every_transition_and_appends_its_event(db: Scratch) -
     with db.connect() as conn:
         for source_state, event, target in db.machine.edges:
             row_id, version = db.row_at(conn, source_state)
+            started = db.clock(conn)
             got = db.apply(conn, row_id, event, version, actor="alice", payload='{"k": [1, "two"]}',
                            to_state=db.to_state(source_state, event, target))  # fmt: skip
+            ended = db.clock(conn)
             assert got == version + 1
             assert db.row(conn, row_id) == (target, version + 1)
             last = conn.execute(db.q(
-                "SELECT version, from_state, event, to_state, actor, payload, at = now()"
-                " FROM {events} WHERE {id_col} = %s ORDER BY version DESC LIMIT 1"),
+                "SELECT e.version, e.from_state, e.event, e.to_state, e.actor, e.payload, e.at, t.entered_at"
+                " FROM {events} AS e JOIN {table} AS t ON t.id = e.{id_col}"
+                " WHERE e.{id_col} = %s ORDER BY e.version DESC LIMIT 1"),
                 (row_id,)).fetchone()  # fmt: skip
-            assert last == (version + 1, source_state, event, target, "alice", {"k": [1, "two"]}, True)
+            assert last is not None
+            assert last[:6] == (version + 1, source_state, event, target, "alice", {"k": [1, "two"]})
+            # The move's moment, not its transaction's start: the row and its log agree.
+            assert started <= last[6] == last[7] <= ended
             conn.commit()
         assert db.replay_problems(conn) == []
 
@@ -590,7 +596,8 @@ def waits_on_a_lock(db: Scratch, pid: int) -> bool:
 
 
 def lease_columns(db: Scratch, conn: psycopg.Connection[Any], row_id: Any) -> tuple[Any, ...]:
-    row = conn.execute(db.q("SELECT claimed_by, claimed_at, heartbeat_at, now() FROM {table}"
+    """The claim columns, and when the row entered its state (the time a move stamps)."""
+    row = conn.execute(db.q("SELECT claimed_by, claimed_at, heartbeat_at, entered_at FROM {table}"
                             " WHERE id = %s"), (row_id,)).fetchone()  # fmt: skip
     assert row is not None
     return tuple(row)
@@ -604,9 +611,11 @@ def test_lease_bookkeeping_on_every_transition(lease_db: Scratch) -> None:
             row_id, version = db.row_at(conn, source_state)
             before = lease_columns(db, conn, row_id)
             conn.commit()
+            started = db.clock(conn)
             assert db.apply(conn, row_id, event, version, actor="mover",
                             to_state=db.to_state(source_state, event, target)) == version + 1  # fmt: skip
             by, at, beat, now = lease_columns(db, conn, row_id)
+            assert started <= now <= db.clock(conn)
             if target in held and source_state not in held:
                 assert (by, at, beat) == ("mover", now, now), (source_state, target)
             elif target in held:
@@ -630,8 +639,9 @@ def test_heartbeat_is_fenced_by_version_and_lease_state(lease_db: Scratch) -> No
         for wrong in (version - 1, version + 1):
             assert conn.execute(heartbeat, (row_id, wrong)).fetchone() == (False,)
         assert lease_columns(db, conn, row_id)[2] == stale
+        started = db.clock(conn)
         assert conn.execute(heartbeat, (row_id, version)).fetchone() == (True,)
-        assert lease_columns(db, conn, row_id)[2] == lease_columns(db, conn, row_id)[3]
+        assert started <= lease_columns(db, conn, row_id)[2] <= db.clock(conn)
         conn.commit()
         # Outside the lease states, even at the right version, nothing is kept alive.
         free_id, free_version = db.row_at(conn, str(m.initial))

@@ -23,6 +23,7 @@ example spec, and proves the attack fails or changes nothing:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,12 @@ from fsmc.digest import machine_digest
 from fsmc.migrate import migrate
 from fsmc.model import Machine
 from fsmc.targets import sqlstate
+from fsmc.targets.common import ID_TYPES
 from fsmc.targets.postgres.build import build, emit
+from fsmc.targets.postgres.install import app_grants
 from fsmc.targets.postgres.names import Names, wake_channel
 from tests import migrating as tm
+from tests.conftest import SPECS as SPECS_DIR
 from tests.harness import refused, snapshot, sqlstate_of
 from tests.pg_scratch import (
     LEASE_SPEC_NAMES,
@@ -54,6 +59,7 @@ from tests.pg_scratch import (
     count_column,
     drop_writer,
     installs,
+    machine_from_text,
     machine_of,
     module_of,
     path_to,
@@ -120,7 +126,9 @@ def test_the_application_role_has_exactly_the_readme_grants(db: Scratch) -> None
             (db.schema, db.app_role)).fetchall()  # fmt: skip
         counts = [f"{cap.event}_count" for cap in db.machine.caps]
         logged = [f"{db.machine.name}_id", "version", "from_state", "event", "to_state", "actor", "payload"]
-        assert columns == sorted([(table, "id", "INSERT"), (table, "state", "INSERT")]
+        # (A bigint id is the database's sequence's: the application gives none.)
+        given = [(table, "id", "INSERT")] if ID_TYPES[db.machine.postgres.id_type].given else []
+        assert columns == sorted([*given, (table, "state", "INSERT")]
                                  + [(table, c, "UPDATE") for c in ["state", "state_version", *counts]]
                                  + [(events, c, "INSERT") for c in logged])  # fmt: skip
         flags = app.execute("SELECT rolsuper, rolcreaterole, rolbypassrls FROM pg_roles"
@@ -340,10 +348,32 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, sp
             # A sequence: its nextval survives the rollback of the refused statement.
             evil.execute("CREATE SEQUENCE public.marker")
             evil.execute("GRANT USAGE, SELECT ON SEQUENCE public.marker TO PUBLIC")
+            # N20: an overload of every function the file makes, by name, the attacker's
+            # (before the install): naming a function by its name alone would make the
+            # install's ALTERs fail ("must be owner") and the grants ambiguous (42725).
+            for raw in build(machine).functions:
+                evil.execute(f"CREATE FUNCTION public.{raw}(a text) RETURNS text LANGUAGE sql"
+                             " AS $$ SELECT 'PWNED ' || nextval('public.marker') $$".encode())  # fmt: skip
+        app_role = f"fsmc_app_{tag}"
         with psycopg.connect(dsn, user=owner) as conn:
             assert conn.execute("SHOW search_path").fetchone() == ('"$user", public',)
             conn.execute(emit(build(machine)).encode())
             conn.commit()
+        with psycopg.connect(dsn, autocommit=True) as su:
+            su.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(app_role)))
+        with psycopg.connect(dsn, user=owner) as conn:  # the README's grants, as the owner types them
+            for grant in app_grants(build(machine).install, "public", app_role):
+                conn.execute(grant.encode())
+            conn.commit()
+        with psycopg.connect(dsn, user=app_role) as app:  # and they run the machine
+            (tmp_path / "app").mkdir()
+            fsm_app = module_of(machine, tmp_path / "app")
+            given = {"id": str(uuid.uuid4())} if id_type == "text" else {}
+            (row,) = fsm_app.create_many(app, [given], schema="public")
+            source, event, target = next(e for e in machine.edges if e[0] == machine.initial)
+            assert fsm_app.transition(app, row.id, event, expected_version=0, actor="app", to=target,
+                                      schema="public") == 1  # fmt: skip
+            app.commit()
         with psycopg.connect(dsn, autocommit=True) as su:  # before the traps: its query uses LIKE
             writer = writer_of(su, "public", machine)
         with psycopg.connect(dsn, user=attacker, autocommit=True) as evil:
@@ -412,7 +442,10 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, sp
                     assert conn.execute(f"SELECT * FROM {n.reclaim}('1 hour', 'x')".encode()).fetchall() == []
                 assert conn.execute(f"SELECT {n.purge}('1 hour', 10)".encode()).fetchone() == (0,)
                 for waited in machine.notified:  # the question a waiter asks (its wake-ups were sent above)
-                    conn.execute(f"SELECT {n.claimable_in}(%s)".encode(), (waited,))
+                    # Every argument given, each cast (as the module sends it): with fewer, the
+                    # attacker's one-argument overload would be as good a match as ours (N21).
+                    by = ", NULL::text" * len(machine.postgres.claim_by)
+                    conn.execute(f"SELECT {n.claimable_in}(%s::text{by})".encode(), (waited,))
                 # The module's own statements (issue 24): a batch insert, a move at whatever
                 # version the row has, a claim limited to a declared column's value.
                 given = {"id": str(uuid.uuid4())} if id_type == "text" else {}
@@ -437,7 +470,7 @@ def test_a_format_overload_or_operator_in_public_is_never_called(pg_dsn: str, sp
                           (database,))  # fmt: skip
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(database)))
             drop_writer(admin, writer)
-            for role in (attacker, owner):
+            for role in (attacker, owner, f"fsmc_app_{tag}"):
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
@@ -558,12 +591,15 @@ def test_no_time_is_the_callers_choice(db: Scratch) -> None:
 
 def test_a_move_by_hand_is_stamped_with_the_databases_times(db: Scratch) -> None:
     # The guard stamps entered_at (and, into or out of a lease, the claim columns) on a
-    # direct move along an edge: the event log and the row agree on when it happened.
+    # direct move along an edge: the event log and the row agree on when it happened,
+    # which is when it was written (the clock), not when its transaction began.
     m = db.machine
     held = set(m.lease.states) if m.lease else set()
     for source, event, target in {(s, e, t) for s, e, t in m.edges if s != t}:
         with db.connect() as app:
             row_id, version = db.row_at(app, source)
+            app.execute("SELECT pg_sleep(0.05)")  # a transaction open a while before its move
+            started = db.clock(app)
             if held:  # the worker that held it, a while ago
                 db.as_owner("UPDATE {table} SET claimed_by = 'w', claimed_at = now() - interval '1 hour',"
                             " heartbeat_at = now() - interval '1 hour', entered_at = now() - interval '1 hour'"
@@ -574,12 +610,15 @@ def test_a_move_by_hand_is_stamped_with_the_databases_times(db: Scratch) -> None
                         (target, row_id))  # fmt: skip
             app.execute(db.q("INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"
                              " VALUES (%s, %s, %s, %s, %s, 'operator')"), (row_id, version + 1, source, event, target))  # fmt: skip
-            now = app.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+            ended = db.clock(app)
             app.commit()
             got = app.execute(db.q("SELECT entered_at FROM {table} WHERE id = %s"), (row_id,)).fetchone()
             at = app.execute(db.q("SELECT at FROM {events} WHERE {id_col} = %s AND version = %s"),
                              (row_id, version + 1)).fetchone()  # fmt: skip
-            assert got == (now,) and at == (now,), (source, event, target)
+            assert got is not None and at is not None, (source, event, target)
+            now = got[0]
+            # The row's move, then its event row: each the moment it was written.
+            assert started <= now <= at[0] <= ended, (source, event, target)
             if held:
                 claim = app.execute(db.q("SELECT claimed_by, claimed_at, heartbeat_at FROM {table} WHERE id = %s"),
                                     (row_id,)).fetchone()  # fmt: skip
@@ -778,3 +817,366 @@ def test_a_no_transaction_script_run_outside_a_transaction_changes_nothing(pg_ds
             assert owner.execute("SELECT job_fsmc_digest()").fetchone() == (machine_digest(new),)
     finally:
         db.drop()
+
+
+# --- Issue 35: timers no direct write skips, stamps no transaction backdates ------------
+
+TIMED_SPECS = ("queue", "task")  # 1.2's timers: a time given, a backoff (queue: limits, wake-ups)
+
+
+@pytest.fixture(params=installs(TIMED_SPECS))
+def timed_db(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Scratch]:
+    name, writer_role = request.param
+    scratch = Scratch.create(pg_dsn, machine_of(name), writer_role=writer_role)
+    yield scratch
+    scratch.drop()
+
+
+@pytest.fixture(params=installs(("queue",)))
+def queue_db(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Scratch]:
+    _, writer_role = request.param
+    scratch = Scratch.create(pg_dsn, machine_of("queue"), writer_role=writer_role)
+    yield scratch
+    scratch.drop()
+
+
+def move_by_hand(db: Scratch, app: psycopg.Connection[Any], row_id: Any, version: int, source: str,
+                 event: str, target: str, *, event_first: bool = False) -> None:  # fmt: skip
+    """The move an application role may write itself: the row's UPDATE (and the count
+    of a capped event) and its event row, in either order; not committed."""
+    counts = "".join(f", {count_column(c.event)} = {count_column(c.event)} + 1" for c in db.machine.caps if c.event == event)
+    update = (db.q("UPDATE {table} SET state = %s, state_version = %s" + counts + " WHERE id = %s"),
+              (target, version + 1, row_id))  # fmt: skip
+    insert = (db.q("INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"
+                   " VALUES (%s, %s, %s, %s, %s, 'by hand')"), (row_id, version + 1, source, event, target))  # fmt: skip
+    for query, params in (insert, update) if event_first else (update, insert):
+        app.execute(query, params)
+
+
+def stamps(db: Scratch, conn: psycopg.Connection[Any], row_id: Any) -> tuple[Any, Any]:
+    """When the row entered its state, and the time its last event row was logged."""
+    got = conn.execute(db.q("SELECT t.entered_at, e.at FROM {table} AS t JOIN {events} AS e"
+                            " ON e.{id_col} = t.id AND e.version = t.state_version WHERE t.id = %s"),
+                       (row_id,)).fetchone()  # fmt: skip
+    assert got is not None
+    return got[0], got[1]
+
+
+def test_a_timed_event_by_hand_before_its_row_is_due_is_refused_n1(timed_db: Scratch) -> None:
+    # N1: `_apply` refused a timed event before due_at (23F08), but a direct UPDATE and
+    # its event row committed a day early (a scheduled job), or skipped a backoff.
+    db, m = timed_db, timed_db.machine
+    for (source, event), _timer in m.timers.items():
+        target = m.targets[source, event][0]
+        for event_first in (False, True):
+            with db.connect() as app:
+                row_id, version = db.row_at(app, source)
+                db.as_owner("UPDATE {table} SET due_at = now() + interval '1 day' WHERE id = %s", (row_id,))
+                before = snapshot(db, app)
+                move_by_hand(db, app, row_id, version, source, event, target, event_first=event_first)
+                with pytest.raises(psycopg.Error) as raised:
+                    app.commit()
+                assert sqlstate_of(raised.value) == sqlstate.NOT_DUE, (source, event, raised.value)
+                assert "is not due until" in str(raised.value)
+                assert snapshot(db, app) == before
+                # Once it is due, the same write commits: what was refused was its time.
+                db.make_due(row_id)
+                move_by_hand(db, app, row_id, version, source, event, target, event_first=event_first)
+                app.commit()
+                assert db.row(app, row_id) == (target, version + 1)
+                assert db.replay_problems(app) == []
+
+
+def test_a_long_transaction_does_not_backdate_a_retrys_backoff_n2(queue_db: Scratch) -> None:
+    # N2: with every stamp its transaction's start, a transaction open 1.2 s before it
+    # failed a job made the 1 s backoff due at its COMMIT, and retry took the job at once.
+    db = queue_db
+    with db.connect() as app:
+        row_id = db.new_row(app)
+        app.commit()
+        app.execute("SELECT pg_sleep(1.2)")
+        started = db.clock(app)
+        claimed = app.execute(db.q("SELECT id, state_version FROM {claim}('fetch', 'w', 1)")).fetchall()
+        assert [tuple(r) for r in claimed] == [(row_id, 1)]
+        assert db.apply(app, row_id, "error", 1, actor="w") == 2
+        app.commit()
+        got = app.execute(db.q("SELECT entered_at, due_at FROM {table} WHERE id = %s"), (row_id,)).fetchone()
+        assert got is not None
+        entered, due = got
+        assert started <= entered and due - entered == timedelta(seconds=1)
+        assert stamps(db, app, row_id) == (entered, entered)
+        taken = app.execute(db.q("SELECT id FROM {claim}('retry', 'supervisor', 10)")).fetchall()
+        early = app.execute("SELECT clock_timestamp() < %s", (due,)).fetchone()
+        if early == (True,):  # asked before the due time, the claim found nothing due
+            assert taken == []
+        app.rollback()
+
+
+def test_every_stamp_of_a_move_is_its_writes_moment_not_its_transactions_start_n2(db: Scratch) -> None:
+    # N2: a job completed in a long transaction was purged by `_purge('5 seconds')`
+    # right after its commit; an event's `at`, a claim and a heartbeat likewise. Every
+    # stamp a move makes, by `_apply`, a claim or by hand, lies after a clock reading
+    # taken once the transaction had been open a while.
+    m = db.machine
+    held = set(m.lease.states) if m.lease else set()
+    source, event, target = next(e for e in m.edges if e[0] == m.initial)
+    follow = next(e for e in m.edges if e[0] == target and e[2] != target)
+    with db.connect() as app:
+        for how in ("apply", "claim", "by hand"):
+            row_id, version = db.row_at(app, source)
+            app.execute("SELECT pg_sleep(0.2)")  # the transaction's start is long past
+            started = db.clock(app)
+            if how == "apply":
+                assert db.apply(app, row_id, event, version, to_state=db.to_state(source, event, target)) == version + 1
+            elif how == "claim":
+                app.execute(db.q("UPDATE {table} SET state = state WHERE state = %s AND id <> %s"), (source, row_id))
+                claimed = app.execute(db.q("SELECT id FROM {claim}(%s, 'w', 1000, %s)"),
+                                      (event, db.to_state(source, event, target))).fetchall()  # fmt: skip
+                assert (row_id,) in [tuple(r) for r in claimed]
+            else:
+                move_by_hand(db, app, row_id, version, source, event, target)
+            app.commit()
+            entered, at = stamps(db, app, row_id)
+            # The functions stamp a move and its event row at one moment; by hand, the
+            # event row is written after the row here, and gets its own later moment.
+            assert started <= entered == at if how != "by hand" else started <= entered <= at, how
+            if target in held:
+                claim = app.execute(db.q("SELECT claimed_at, heartbeat_at FROM {table} WHERE id = %s"), (row_id,)).fetchone()
+                assert claim == (entered, entered), how
+            # And the move after it, in another long transaction, is later still.
+            app.execute("SELECT pg_sleep(0.05)")
+            later = db.clock(app)
+            assert db.apply(app, row_id, follow[1], version + 1, to_state=db.to_state(*follow)) == version + 2
+            app.commit()
+            assert later <= stamps(db, app, row_id)[0]
+        assert db.replay_problems(app) == []
+
+
+def test_an_event_row_written_before_the_move_it_follows_is_refused_n2(db: Scratch) -> None:
+    # By hand, the event row first: A logs version v + 2 before B moves the row to
+    # v + 1, then moves the row on from there. A's event row says the row left B's
+    # state before B's move put it there: a stay of less than nothing.
+    m = db.machine
+    source, event, target = next(e for e in m.edges if e[0] == m.initial)
+    step, after = next((e, t) for s, e, t in m.edges if s == target and t != target)
+    with db.connect() as a, db.connect() as b:
+        row_id, version = db.row_at(a, source)
+        a.commit()
+        a.execute(db.q("INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"
+                       " VALUES (%s, %s, %s, %s, %s, 'A')"), (row_id, version + 2, target, step, after))  # fmt: skip
+        time.sleep(0.01)
+        assert db.apply(b, row_id, event, version, actor="B", to_state=db.to_state(source, event, target)) == version + 1
+        b.commit()
+        counts = "".join(f", {count_column(c.event)} = {count_column(c.event)} + 1" for c in m.caps if c.event == step)
+        a.execute(db.q("UPDATE {table} SET state = %s, state_version = %s" + counts + " WHERE id = %s"),
+                  (after, version + 2, row_id))  # fmt: skip
+        with pytest.raises(psycopg.Error) as raised:
+            a.commit()
+        assert sqlstate_of(raised.value) == "40001", raised.value
+        assert "before the row entered state" in str(raised.value)
+        assert db.row(a, row_id) == (target, version + 1)
+
+
+def test_no_stay_is_negative_when_transactions_overlap_n2(db: Scratch) -> None:
+    # N2: A's transaction began before B's; B moved the row and committed, then A moved
+    # it on: stamped with A's start, the stay B began lasted -1 s in the intervals view.
+    m = db.machine
+    source, event, target = next(e for e in m.edges if e[0] == m.initial)
+    step, after = next((e, t) for s, e, t in m.edges if s == target and t != target)
+    for by_hand in (False, True):
+        with db.connect() as a, db.connect() as b:
+            row_id, version = db.row_at(a, source)
+            a.execute("SELECT 1")  # A's transaction (and its now()) begins here
+            a.execute("SELECT pg_sleep(0.05)")
+            assert db.apply(b, row_id, event, version, actor="B", to_state=db.to_state(source, event, target)) == version + 1
+            b.commit()
+            if by_hand:
+                move_by_hand(db, a, row_id, version + 1, target, step, after)
+            else:
+                assert db.apply(a, row_id, step, version + 1, actor="A", to_state=db.to_state(target, step, after)) == version + 2
+            a.commit()
+            stays = a.execute(db.q("SELECT version, duration FROM {intervals} WHERE id = %s ORDER BY version"),
+                              (row_id,)).fetchall()  # fmt: skip
+            assert len(stays) == version + 3 and all(d >= timedelta(0) for _, d in stays), stays
+
+
+def moved_after_a_held_lock(db: Scratch, holder: psycopg.Connection[Any], mover: psycopg.Connection[Any],
+                            call: Any, *args: Any, commit: bool = False) -> tuple[Any, Any]:  # fmt: skip
+    """Run `call(*args)` on `mover` while `holder`'s transaction holds the row; end
+    that transaction (roll back, or commit) 0.2 s after the call began waiting for it;
+    (when it ended, the result)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(call, *args)
+        db.wait_until_blocked(mover, waiting)
+        time.sleep(0.2)
+        released = db.clock(holder)
+        holder.commit() if commit else holder.rollback()
+        return released, waiting.result(timeout=60)
+
+
+def test_a_move_that_waited_for_another_transactions_lock_is_stamped_after_the_wait_n2(db: Scratch) -> None:
+    # A stamp read before a wait for the row would lie by the wait: whoever holds the
+    # row (a SELECT ... FOR UPDATE, or an event row logged by hand and left open,
+    # which makes `_apply`'s own event row wait) would choose the time.
+    m = db.machine
+    source, event, target = next(e for e in m.edges if e[0] == m.initial)
+    holds = {
+        "a row lock": "SELECT FROM {table} WHERE id = %s FOR NO KEY UPDATE",
+        "an event row": "INSERT INTO {events} ({id_col}, version, from_state, event, to_state, actor)"
+                        " SELECT id, state_version + 1, %s, %s, %s, 'holder' FROM {table} WHERE id = %s",
+    }  # fmt: skip
+    for hold, query in holds.items():
+        with db.connect() as holder, db.connect() as mover:
+            row_id, version = db.row_at(mover, source)
+            mover.commit()
+            holder.execute(db.q(query), (row_id,) if hold == "a row lock" else (source, event, target, row_id))
+
+            def move(row_id: Any, version: int) -> int | str | None:
+                try:
+                    return db.apply(mover, row_id, event, version, "mover", None, db.to_state(source, event, target))
+                except psycopg.Error as error:
+                    mover.rollback()
+                    return sqlstate_of(error)
+
+            released, got = moved_after_a_held_lock(db, holder, mover, move, row_id, version)
+            if hold == "a row lock":  # the row waited for, then stamped
+                assert got == version + 1, hold
+                mover.commit()
+                entered, at = stamps(db, mover, row_id)
+                assert released <= entered == at, hold
+            else:  # it waited for the event row after reading the clock: refused, to retry
+                assert got == "40001", hold
+                assert db.row(mover, row_id) == (source, version)
+                assert db.apply(mover, row_id, event, version, "mover", None, db.to_state(source, event, target)) == version + 1
+                mover.commit()
+
+
+@pytest.mark.parametrize("spec", installs(LEASE_SPEC_NAMES))
+def test_a_heartbeat_that_waited_for_the_row_is_stamped_after_the_wait_n2(pg_dsn: str, spec: tuple[str, bool]) -> None:
+    name, writer_role = spec
+    db = Scratch.create(pg_dsn, machine_of(name), writer_role=writer_role)
+    try:
+        assert db.machine.lease is not None
+        with db.connect() as holder, db.connect() as worker:
+            row_id, version = db.row_at(worker, str(db.machine.lease.states[0]))
+            # A write that leaves the state alone (an ORM saving the row), committed
+            # while the heartbeat waits for it: the beat is the time it was written.
+            holder.execute(db.q("UPDATE {table} SET state = state WHERE id = %s"), (row_id,))
+            beat = db.q("SELECT {heartbeat}(%s, %s)")
+            released, got = moved_after_a_held_lock(
+                db, holder, worker, lambda: worker.execute(beat, (row_id, version)).fetchone(), commit=True)
+            assert got == (True,)
+            worker.commit()
+            (stamped,) = worker.execute(db.q("SELECT heartbeat_at FROM {table} WHERE id = %s"), (row_id,)).fetchone()  # type: ignore[misc]
+            assert released <= stamped
+    finally:
+        db.drop()
+
+
+def test_a_waiter_sleeps_while_the_only_job_is_held_by_another_transaction_n3(queue_db: Scratch,
+                                                                              tmp_path: Path) -> None:  # fmt: skip
+    # N3: the only available job locked by another transaction: wait_for() said True at
+    # once and the claim found nothing, 1,593 empty claims in 5 s with one idle worker.
+    db = queue_db
+    fsm = module_of(db.machine, tmp_path)
+    with db.connect(autocommit=True) as producer:
+        job = fsm.create(producer, schema=db.schema)
+    for lock in ("FOR UPDATE", "FOR NO KEY UPDATE"):
+        with db.connect() as holder, db.connect(autocommit=True) as worker:
+            holder.execute(db.q(f"SELECT FROM {{table}} WHERE id = %s {lock}"), (job.id,))
+            empty, deadline = 0, time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                assert fsm.claim(worker, "fetch", actor="w", schema=db.schema) == [], lock
+                empty += 1
+                fsm.wait_for(worker, "fetch", timeout=max(0.01, deadline - time.monotonic()), schema=db.schema)
+            assert empty <= 2, (lock, empty)
+            holder.rollback()
+            assert fsm.wait_for(worker, "fetch", timeout=5, schema=db.schema) is True
+    # X2: a lock that does not stop a move (a foreign key's, FOR KEY SHARE) stops no
+    # claim either: the claim takes the row, as a move would.
+    with db.connect() as holder, db.connect(autocommit=True) as worker:
+        holder.execute(db.q("SELECT FROM {table} WHERE id = %s FOR KEY SHARE"), (job.id,))
+        assert [r.id for r in fsm.claim(worker, "fetch", actor="w", schema=db.schema)] == [job.id]
+        holder.rollback()
+
+
+def test_a_waiter_sleeps_while_the_last_free_place_is_being_taken_n3(pg_dsn: str, tmp_path: Path) -> None:
+    # N3: the last free place of a limited state taken by an open transaction: the
+    # question saw it free, the claim skipped it, and the worker spun (15,809 empty
+    # claims in 5 s). queue.yaml with `running: 1`.
+    text = (SPECS_DIR / "queue.yaml").read_text(encoding="utf-8")
+    assert text.count("  running: 50\n") == 1
+    machine = machine_from_text(text.replace("  running: 50\n", "  running: 1\n"), "queue.yaml")
+    db = Scratch.create(pg_dsn, machine)
+    try:
+        fsm = module_of(machine, tmp_path)
+        with db.connect(autocommit=True) as producer:
+            fsm.create_many(producer, [{}, {}], schema=db.schema)
+        with db.connect() as holder, db.connect(autocommit=True) as worker:
+            assert len(fsm.claim(holder, "fetch", actor="holder", schema=db.schema)) == 1  # the place, uncommitted
+            empty, deadline = 0, time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                assert fsm.claim(worker, "fetch", actor="w", schema=db.schema) == []
+                empty += 1
+                fsm.wait_for(worker, "fetch", timeout=max(0.01, deadline - time.monotonic()), schema=db.schema)
+            assert empty <= 2, empty
+            holder.rollback()  # the place is free again
+            assert fsm.wait_for(worker, "fetch", timeout=5, schema=db.schema) is True
+            assert len(fsm.claim(worker, "fetch", actor="w", schema=db.schema)) == 1
+    finally:
+        db.drop()
+
+
+def test_a_row_held_for_key_share_is_still_reclaimed_x2(pg_dsn: str) -> None:
+    # X2: FOR KEY SHARE on live rows (what a foreign key to the table takes) starved
+    # `_reclaim`, whose FOR UPDATE waited for nothing but skipped them all.
+    db = Scratch.create(pg_dsn, machine_of("job"))
+    try:
+        with db.connect() as holder, db.connect() as supervisor:
+            row_id, _ = db.row_at(supervisor, "running")
+            db.as_owner("UPDATE {table} SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (row_id,))
+            holder.execute(db.q("SELECT FROM {table} WHERE id = %s FOR KEY SHARE"), (row_id,))
+            got = supervisor.execute(db.q("SELECT * FROM {reclaim}('1 minute', 'supervisor')")).fetchall()
+            assert [tuple(r) for r in got] == [(row_id,)]
+            supervisor.commit()
+            holder.rollback()
+    finally:
+        db.drop()
+
+
+def test_a_job_moved_into_the_waited_queue_wakes_the_waiter_n6(queue_db: Scratch, tmp_path: Path) -> None:
+    # N6: a job moved into a queue by updating its claim.by column sent no wake-up: a
+    # waiter on that queue slept out its timeout.
+    db = queue_db
+    fsm = module_of(db.machine, tmp_path)
+    with db.connect(autocommit=True) as app:
+        job = fsm.create(app, queue="reports", schema=db.schema)
+    with db.connect(autocommit=True) as worker, db.connect() as app:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(fsm.wait_for, worker, "fetch", timeout=10, queue="emails", schema=db.schema)
+            db.asleep(worker)
+            app.execute(db.q("UPDATE {table} SET queue = 'emails' WHERE id = %s"), (job.id,))
+            moved = time.monotonic()
+            app.commit()
+            assert waiting.result(timeout=15) is True
+            assert time.monotonic() - moved < 5  # woken, not timed out
+        assert [r.id for r in fsm.claim(worker, "fetch", actor="w", queue="emails", schema=db.schema)] == [job.id]
+
+
+def test_the_application_gives_no_id_where_the_database_makes_them_n14(queue_db: Scratch, tmp_path: Path) -> None:
+    # N14: ids planted ahead of the identity sequence made the next id-less inserts and
+    # create() fail (23505). A bigint id is the sequence's: the application has no
+    # grant to give one, and create() takes none.
+    db = queue_db
+    fsm = module_of(db.machine, tmp_path)
+    with db.connect() as app:
+        error = refused(app, db.q("INSERT INTO {table} (id) SELECT coalesce(max(id), 0) + g FROM {table},"
+                                  " generate_series(1, 5) AS g GROUP BY g"))  # fmt: skip
+        assert sqlstate_of(error) == "42501", error
+        assert "id" not in fsm.QueueNew.__annotations__
+        with pytest.raises(TypeError):
+            fsm.create(app, id=10**9, schema=db.schema)
+        app.rollback()
+        made = fsm.create_many(app, [{}, {}], schema=db.schema)
+        assert len({r.id for r in made}) == 2
+        app.commit()

@@ -64,18 +64,6 @@ class Waiter(threading.Thread):
         self.returned = time.monotonic()
 
 
-def listening(db: Scratch, conn: psycopg.Connection[Any]) -> None:
-    """Until `conn`'s backend sleeps in its wait (idle, its last query the question)."""
-    pid = conn.info.backend_pid
-    with db.superuser(autocommit=True) as su:
-        for _ in range(500):
-            row = su.execute("SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-            if row is not None and row[0] == "idle" and "claimable_in" in row[1]:
-                return
-            time.sleep(0.005)
-    raise AssertionError("the waiter never went to sleep")
-
-
 def test_a_waiter_is_woken_within_100_ms_of_an_insert_in_another_connection(queue: Scratch, fsm: ModuleType) -> None:
     """Five times: asleep, then woken by the NOTIFY of an insert another connection
     commits. Every one wakes (never the 10 s timeout); the median within 100 ms (one
@@ -86,7 +74,7 @@ def test_a_waiter_is_woken_within_100_ms_of_an_insert_in_another_connection(queu
         for _ in range(5):
             waiter = Waiter(fsm, worker, db.schema, "fetch", timeout=10)
             waiter.start()
-            listening(db, worker)
+            db.asleep(worker)
             committed = enqueue(db)
             waiter.join(10)
             assert waiter.result is True
@@ -104,7 +92,7 @@ def test_an_asyncio_waiter_is_woken_by_an_insert_in_another_connection(queue: Sc
             db.dsn, user=db.app_role, autocommit=True, options=f"-c search_path={db.schema}"
         ) as worker:
             waiting = asyncio.create_task(fsm.await_for(worker, fsm.Event.FETCH, timeout=10, schema=db.schema))
-            await asyncio.to_thread(listening, db, worker)
+            await asyncio.to_thread(db.asleep, worker)
             committed = await asyncio.to_thread(enqueue, db)
             woke = await waiting
             return woke, time.monotonic() - committed
@@ -173,7 +161,7 @@ def test_a_row_entering_a_timed_state_makes_the_waiter_wait_for_its_due_time(que
     with db.connect(autocommit=True) as supervisor:
         waiter = Waiter(fsm, supervisor, db.schema, "retry", timeout=10)
         waiter.start()
-        listening(db, supervisor)
+        db.asleep(supervisor)
         with db.connect() as app:
             assert db.apply(app, row_id, "error", version) == version + 1
             app.commit()
@@ -192,7 +180,7 @@ def test_a_forged_notification_only_wakes_the_waiter_for_nothing(queue: Scratch,
     with db.connect(autocommit=True) as worker, db.connect(autocommit=True) as forger:
         waiter = Waiter(fsm, worker, db.schema, "fetch", timeout=10)
         waiter.start()
-        listening(db, worker)
+        db.asleep(worker)
         forger.execute("SELECT pg_notify(%s, 'available')", (fsm.wake_channel(db.schema),))
         waiter.join(10)
         assert waiter.result is True
@@ -286,11 +274,11 @@ def test_a_waiter_for_one_queue_sleeps_through_another_queues_jobs(queue: Scratc
         waiter = threading.Thread(target=lambda: result.append(
             fsm.wait_for(worker, "fetch", timeout=10, queue="emails", schema=db.schema)))  # fmt: skip
         waiter.start()
-        listening(db, worker)
+        db.asleep(worker)
         fsm.create(producer, queue="reports", schema=db.schema)
         time.sleep(0.3)
         assert result == [] and waiter.is_alive()
-        listening(db, worker)  # asleep again, after asking
+        db.asleep(worker)  # asleep again, after asking
         fsm.create(producer, queue="emails", schema=db.schema)
         waiter.join(10)
         assert result == [True]

@@ -79,15 +79,20 @@ def test_claim_moves_the_oldest_rows_of_its_source_states_and_logs_them(db: Scra
             ids.append(db.new_row(conn))
             conn.commit()
         running, _ = db.row_at(conn, "running")  # not a source of claim
+        started = db.clock(conn)
         got = conn.execute(db.q("SELECT id, state_version FROM {claim}('claim', 'w1', 2)")).fetchall()
+        ended = db.clock(conn)
         assert got == [(ids[0], 1), (ids[1], 1)]
         assert db.row(conn, ids[0]) == ("claimed", 1)
         assert db.row(conn, ids[2]) == ("queued", 0)
         assert db.row(conn, running)[0] == "running"
         assert db.events_of(conn, ids[0]) == [(1, "queued", "claim", "claimed", "w1")]
-        holder = conn.execute(db.q("SELECT claimed_by, claimed_at = now(), heartbeat_at = now(),"
-                                   " entered_at = now() FROM {table} WHERE id = %s"), (ids[0],)).fetchone()  # fmt: skip
-        assert holder == ("w1", True, True, True)
+        holder = conn.execute(db.q("SELECT claimed_by, claimed_at, heartbeat_at, entered_at FROM {table}"
+                                   " WHERE id = %s"), (ids[0],)).fetchone()  # fmt: skip
+        at = conn.execute(db.q("SELECT at FROM {events} WHERE {id_col} = %s"), (ids[0],)).fetchone()
+        # Claimed, its lease begun and its event logged at one moment: the claim's.
+        assert holder is not None and at is not None and holder[0] == "w1"
+        assert started <= holder[1] == holder[2] == holder[3] == at[0] <= ended
         conn.commit()  # the deferred checks agree: every move has its event row
         assert db.replay_problems(conn) == []
 
@@ -373,23 +378,26 @@ def test_delete_outside_purge_still_fails_and_the_ticket_cannot_be_forged(db: Sc
 
 
 def test_intervals_gives_every_stay_exactly_from_the_first_to_the_current(db: Scratch) -> None:
-    """Each move in its own transaction, whose now() is the move's time: the view's
-    entered/left/duration must be those times exactly."""
+    """Each move in its own transaction, stamped with the moment it was written (the
+    row's created_at, then its entered_at after each move): the view's entered/left/
+    duration must be those times exactly, the current stay measured to the clock."""
     events = ["claim", "start", "reclaim", "claim", "start", "error"]
+    stamp = db.q("SELECT entered_at FROM {table} WHERE id = %s")
     with db.connect() as conn:
         row_id = db.new_row(conn)
-        born = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        born = conn.execute(db.q("SELECT created_at FROM {table} WHERE id = %s"), (row_id,)).fetchone()[0]  # type: ignore[index]
         conn.commit()
         times = [born]
         for version, event in enumerate(events):
             db.apply(conn, row_id, event, version, actor=f"a{version}")
-            times.append(conn.execute("SELECT now()").fetchone()[0])  # type: ignore[index]
+            times.append(conn.execute(stamp, (row_id,)).fetchone()[0])  # type: ignore[index]
             conn.commit()
+        before = db.clock(conn)
         rows = conn.execute(db.q(
             "SELECT state, version, entered_at, left_at, duration, entered_event, left_event,"
-            " entered_actor, left_actor, left_at IS NULL AND duration >= now() - entered_at"
+            " entered_actor, left_actor, left_at IS NULL"
             " FROM {intervals} WHERE id = %s ORDER BY version"), (row_id,)).fetchall()  # fmt: skip
-        now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        after = db.clock(conn)
     states = ["queued", "claimed", "running", "queued", "claimed", "running", "failed"]
     assert [r[0] for r in rows] == states
     assert [r[1] for r in rows] == list(range(len(states)))
@@ -401,9 +409,9 @@ def test_intervals_gives_every_stay_exactly_from_the_first_to_the_current(db: Sc
         if i < len(events):
             assert (left, duration, e_out, a_out) == (times[i + 1], times[i + 1] - times[i], events[i], f"a{i}")
             assert current is False
-        else:  # the current stay: open, measured to now()
+        else:  # the current stay: open, measured to the clock
             assert (left, e_out, a_out) == (None, None, None)
-            assert duration == now - entered and current is True
+            assert before - entered <= duration <= after - entered and current is True
 
 
 def test_a_row_that_never_moved_has_one_stay_from_created_at(db: Scratch) -> None:
@@ -438,7 +446,7 @@ def test_claim_out_of_a_lease_state_keeps_the_claim_and_refreshes_the_heartbeat(
         conn.commit()
         got = conn.execute(db.q("SELECT id, state_version FROM {claim}('start', 'w2', 5)")).fetchall()
         assert sorted(got) == sorted((i, 2) for i, _v in first)
-        rows = conn.execute(db.q("SELECT state, claimed_by, heartbeat_at = now() FROM {table}")).fetchall()
+        rows = conn.execute(db.q("SELECT state, claimed_by, heartbeat_at = entered_at FROM {table}")).fetchall()
         assert rows == [("running", "w1", True)] * 2  # claimed by w1, started by w2's call
         conn.commit()
         assert db.replay_problems(conn) == []

@@ -49,14 +49,19 @@ class IdType:
     python: str  # the module's annotation
     cast: str  # the type the module casts an id argument to, named through pg_catalog
     sample: str  # an id, as Python source (the generated tests)
+    # Whether the application gives a new row its id (INSERT of `id`, create()'s `id`):
+    # not where the database's identity sequence makes them, since an id planted ahead
+    # of the sequence would make a later insert fail on it. A uuid may come from the
+    # application (one made the client's way, for instance); a text id must.
+    given: bool
 
 
 # The one table of id types: the spec language's names (`fsmc.model.ID_TYPES`, the
 # JSON Schema's enum) are its keys, in that order.
 ID_TYPES: dict[str, IdType] = {
-    "uuid": IdType("uuid", "pg_catalog.gen_random_uuid()", False, "uuid.UUID", "pg_catalog.uuid", "uuid.UUID(int=1)"),
-    "bigint": IdType("bigint", None, True, "int", "pg_catalog.int8", "1"),
-    "text": IdType("text", None, False, "str", "pg_catalog.text", '"id-1"'),
+    "uuid": IdType("uuid", "pg_catalog.gen_random_uuid()", False, "uuid.UUID", "pg_catalog.uuid", "uuid.UUID(int=1)", True),
+    "bigint": IdType("bigint", None, True, "int", "pg_catalog.int8", "1", False),
+    "text": IdType("text", None, False, "str", "pg_catalog.text", '"id-1"', True),
 }
 assert tuple(ID_TYPES) == ID_TYPE_NAMES
 

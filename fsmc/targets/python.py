@@ -85,6 +85,7 @@ class ModuleContext:
     limits: list[tuple[str, int]]  # 1.2: (state member, the most rows it may hold)
     id_type: str  # the Python type of an id
     pg_id_type: str  # the SQL type the module casts an id to
+    id_given: bool  # create() may give a new row its id (`common.ID_TYPES`' `given`)
     schema: str
     uses_uuid: bool
     codes: Codes
@@ -149,6 +150,7 @@ def context(machine: Machine) -> ModuleContext:
         limits=[(member(s), most) for s, most in m.state_limits.items()],
         id_type=ID_TYPES[m.postgres.id_type].python,
         pg_id_type=ID_TYPES[m.postgres.id_type].cast,
+        id_given=ID_TYPES[m.postgres.id_type].given,
         schema=m.postgres.schema,
         uses_uuid=m.postgres.id_type == "uuid" or any(c.type == "uuid" for c in m.postgres.columns),
         codes=Codes(),

@@ -154,6 +154,7 @@ class ModuleContext:
     due_given: bool
     id_arg: str  # the TypeScript type an id is given as
     pg_id_type: str
+    id_given: bool  # create() may give a new row its id (`common.ID_TYPES`' `given`)
     schema: str
     codes: Codes
     sql_table: str
@@ -218,6 +219,7 @@ def context(machine: Machine) -> ModuleContext:
         due_given=any(t.kind == "due_at" for t in m.timers.values()),
         id_arg="string | number | bigint" if m.postgres.id_type == "bigint" else "string",
         pg_id_type=ID_TYPES[m.postgres.id_type].cast,
+        id_given=ID_TYPES[m.postgres.id_type].given,
         schema=m.postgres.schema,
         codes=Codes(),
         sql_table=names.table,

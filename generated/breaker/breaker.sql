@@ -89,8 +89,8 @@ CREATE TABLE breakers (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
     state text NOT NULL DEFAULT 'closed',
     state_version bigint NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    entered_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    entered_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     CONSTRAINT breakers_pkey PRIMARY KEY (id),
     CONSTRAINT breakers_state_check CHECK (((state)::breaker_state_ccfdf660) IS NOT NULL)
 );
@@ -102,7 +102,7 @@ CREATE TABLE breaker_events (
     event text NOT NULL,
     to_state text NOT NULL,
     actor text NOT NULL,
-    at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     payload jsonb,
     CONSTRAINT breaker_events_pkey PRIMARY KEY (breaker_id, version),
     CONSTRAINT breaker_events_transition_check CHECK (((ARRAY[from_state, event, to_state])::breaker_moves_b03a02b5) IS NOT NULL)
@@ -128,14 +128,14 @@ CREATE INDEX breakers_purge_idx ON breakers (entered_at)
 
 -- Every stay of every row in a state: the first from created_at (no event brought it
 -- in), each later one from the event that brought it in, to the event that took it out
--- (the next version's), or to now() while the row is still there.
+-- (the next version's), or to the clock while the row is still there.
 CREATE VIEW breaker_intervals AS
 SELECT s.id,
        s.state,
        s.version,
        s.entered_at,
        o.at AS left_at,
-       coalesce(o.at, pg_catalog.now()) - s.entered_at AS duration,
+       coalesce(o.at, pg_catalog.clock_timestamp()) - s.entered_at AS duration,
        s.entered_event,
        o.event AS left_event,
        s.entered_actor,
@@ -172,7 +172,7 @@ RETURN '902bf76b2cc09568d9b9e2473f36b95c09db16c3f50d5d7a234bf99c559f53a8';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION breaker_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 7;
+RETURN 8;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -200,6 +200,9 @@ DECLARE
     v_from text;
     v_move pg_catalog.jsonb;
     v_to text;
+    v_then timestamptz;  -- when the row entered its state
+    v_place tid;  -- where the locked row is
+    v_now timestamptz;  -- the move's moment
 BEGIN
     IF breaker_apply.id IS NULL OR v_event IS NULL OR breaker_apply.expected_version IS NULL
         OR breaker_apply.actor IS NULL THEN
@@ -213,7 +216,16 @@ BEGIN
         -- and the event row. A concurrent mover of this row makes the UPDATE wait, then
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
-        SELECT t.state INTO v_from FROM breakers AS t WHERE t.id = breaker_apply.id;
+        -- The row at the expected version, locked first (FOR NO KEY UPDATE: a foreign
+        -- key's lock on it does not stand in the way), so that the move's time is read
+        -- once the row is this call's: a transaction holding the row makes the call wait
+        -- here, not with a time taken before the wait. A concurrent mover's commit makes
+        -- the lock re-check the version on the row it left (EvalPlanQual): no row. The
+        -- UPDATE below then finds the locked row by its place (ctid), with no index to
+        -- search again: nothing can move a row this transaction holds.
+        SELECT t.state, t.entered_at, t.ctid INTO v_from, v_then, v_place FROM breakers AS t
+        WHERE t.id = breaker_apply.id AND t.state_version = breaker_apply.expected_version
+        FOR NO KEY UPDATE;
         IF breaker_fsmc_digest() OPERATOR(pg_catalog.<>) '902bf76b2cc09568d9b9e2473f36b95c09db16c3f50d5d7a234bf99c559f53a8' THEN
             RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
                 MESSAGE = 'breaker_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
@@ -226,16 +238,26 @@ BEGIN
         v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                      WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
+            -- The moment of the move, for every stamp it makes (never before the row's
+            -- last one, whatever the clock did: no stay is negative).
+            v_now := GREATEST(pg_catalog.clock_timestamp(), v_then);
             UPDATE breakers AS t
             SET state = v_to,
                 state_version = t.state_version + 1,
-                entered_at = pg_catalog.now()
-            WHERE t.id = breaker_apply.id
-              AND t.state_version = breaker_apply.expected_version AND t.state = v_from;
+                entered_at = v_now
+            WHERE t.ctid = v_place;
             IF FOUND THEN
-                INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor, payload)
+                INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor, at, payload)
                 VALUES (breaker_apply.id, breaker_apply.expected_version + 1, v_from, v_event, v_to,
-                        breaker_apply.actor, breaker_apply.payload);
+                        breaker_apply.actor, v_now, breaker_apply.payload);
+                -- Nothing waits between the clock and here but for another transaction's
+                -- event row of this version, logged by hand for a row it did not hold (a
+                -- row that can never commit): the move's times would lie by that wait.
+                IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) v_now OPERATOR(pg_catalog.>) '100 milliseconds'::pg_catalog.interval THEN
+                    RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                        MESSAGE = 'breaker_apply: the move waited for another transaction''s event row of this version; its times would lie by that wait, so nothing was changed',
+                        HINT = 'retry the transaction';
+                END IF;
                 RETURN breaker_apply.expected_version + 1;
             END IF;
         END IF;
@@ -316,6 +338,10 @@ AS $fsmc$
 DECLARE
     v_event text := breaker_claim.event;
     v_sources text[];
+    -- The claim's moment: what is due is due by it, and the rows it moves are stamped
+    -- with it (or, past a clock that stepped back, with the time they were last moved).
+    -- It waits for no row (SKIP LOCKED), so no wait comes between it and the write.
+    v_now timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     IF v_event IS NULL OR breaker_claim.actor IS NULL OR breaker_claim.max_rows IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
@@ -355,20 +381,21 @@ BEGIN
     IF v_sources OPERATOR(pg_catalog.<@) '{"closed","open","half_open","forced_open"}'::text[] THEN
         RETURN QUERY
         WITH picked AS (
-            SELECT t.id, t.state
+            SELECT t.id, t.state, t.entered_at
             FROM breakers AS t
             WHERE t.state IN ('closed', 'open', 'half_open', 'forced_open')
               AND t.state = ANY (v_sources)
             ORDER BY t.entered_at
             LIMIT breaker_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE breakers AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
-                entered_at = pg_catalog.now()
+                entered_at = x.at
             FROM picked AS p,
-                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN breaker_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) breaker_claim.to_state
@@ -377,10 +404,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, breaker_claim.actor
+            INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, breaker_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -388,19 +415,20 @@ BEGIN
         -- Sources inside the lease (or mixed): the lease index, or a scan.
         RETURN QUERY
         WITH picked AS (
-            SELECT t.id, t.state
+            SELECT t.id, t.state, t.entered_at
             FROM breakers AS t
             WHERE t.state = ANY (v_sources)
             ORDER BY t.entered_at
             LIMIT breaker_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE breakers AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
-                entered_at = pg_catalog.now()
+                entered_at = x.at
             FROM picked AS p,
-                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN breaker_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) breaker_claim.to_state
@@ -409,10 +437,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, breaker_claim.actor
+            INSERT INTO breaker_events (breaker_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, breaker_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -452,7 +480,8 @@ BEGIN
     END IF;
     -- Rows in a purgeable state only (the terminals, unless the spec lists purgeable),
     -- entered strictly before now() - older_than: a row that got there in this very
-    -- transaction is never purged under the event it just got.
+    -- transaction is never purged under the event it just got (a move's stamp is the
+    -- clock when it was written, never before its transaction's start, now()).
     -- SKIP LOCKED: a row someone holds is left for the next batch.
     SELECT pg_catalog.array_agg(d.id) INTO v_ids
     FROM (
@@ -508,6 +537,8 @@ CREATE FUNCTION breaker_guard_update() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
+DECLARE
+    v_at timestamptz;  -- the move's moment
 BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"closed","open","half_open","forced_open"}'::text[])) THEN
         RETURN NEW;  -- NOT NULL and the state CHECK refuse it, with their own SQLSTATEs
@@ -518,9 +549,16 @@ BEGIN
     IF NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
         AND (OLD.state || ' ' || NEW.state) = ANY ('{"closed open","open half_open","half_open closed","half_open open","closed forced_open","open forced_open","half_open forced_open","closed closed","open closed","forced_open closed"}'::text[]) THEN
         -- Along one of the spec's edges (none leaves a terminal). Its times are the
-        -- database's, stamped here as the writer: the caller has no grant on them.
+        -- database's, stamped here as the writer: the caller has no grant on them. The
+        -- row is this transaction's by now (a BEFORE trigger runs once it is locked), so
+        -- the clock says when the move was written.
+        -- The event row's time where this transaction logged the move first (the row and
+        -- its log then agree), else the clock's, never before the row's last stamp.
+        SELECT e.at INTO v_at FROM breaker_events AS e
+        WHERE e.breaker_id = OLD.id AND e.version = NEW.state_version;
+        v_at := coalesce(v_at, GREATEST(pg_catalog.clock_timestamp(), OLD.entered_at));
         UPDATE breakers AS t
-        SET entered_at = pg_catalog.now()
+        SET entered_at = v_at
         WHERE t.id = NEW.id;
         RETURN NULL;
     END IF;
@@ -547,11 +585,13 @@ CREATE FUNCTION breaker_check_logged() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
+DECLARE
+    v_at timestamptz;
 BEGIN
     IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
         RETURN NULL;  -- not a move (an UPDATE of the whole row); a count's change alone the guard refused
     END IF;
-    PERFORM FROM breaker_events AS e
+    SELECT e.at INTO v_at FROM breaker_events AS e
     WHERE e.breaker_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
@@ -559,6 +599,14 @@ BEGIN
             MESSAGE = pg_catalog.format('breaker %s moved from state "%s" to state "%s" (version %s) without its row in breaker_events',
                              NEW.id, OLD.state, NEW.state, NEW.state_version),
             HINT = 'move rows with breaker_apply, which appends the event row';
+    END IF;
+    -- An event row written before the row reached the state it moves from (it waited
+    -- behind another transaction's move to it): its stay there would end before it began.
+    IF v_at < OLD.entered_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = pg_catalog.format('breaker %s: the event row of version %s was written at %s, before the row entered state "%s" at %s (another transaction moved it there meanwhile)',
+                             NEW.id, NEW.state_version, v_at, OLD.state, OLD.entered_at),
+            HINT = 'retry the transaction: write the event row once the row is this transaction''s';
     END IF;
     RETURN NULL;
 END
@@ -706,25 +754,16 @@ DO $fsmc$
 DECLARE
     v_role pg_catalog.text := breaker_fsmc_writer();
     v_schema pg_catalog.text := pg_catalog.current_schema();
-    v_function record;
+    v_function pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'breakers', v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'breaker_events', v_role);
-    FOR v_function IN
-        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
-        FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
-          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"breaker_apply","breaker_claim","breaker_guard_update","breaker_purge"}'::pg_catalog.text[]::pg_catalog.name[])
-    LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"breaker_apply","breaker_claim","breaker_guard_update"}'::pg_catalog.text[]) THEN
-            EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
-                                      v_schema, v_function.proname, v_function.args, v_role);
-        END IF;
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"breaker_apply","breaker_claim","breaker_purge"}'::pg_catalog.text[]) THEN
-            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                      v_schema, v_function.proname, v_function.args);
-        END IF;
+    FOREACH v_function IN ARRAY '{"breaker_apply(uuid, text, bigint, text, jsonb, text)","breaker_claim(text, text, integer, text)","breaker_guard_update()"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%s OWNER TO %I', v_schema, v_function, v_role);
+    END LOOP;
+    FOREACH v_function IN ARRAY '{"breaker_apply(uuid, text, bigint, text, jsonb, text)","breaker_claim(text, text, integer, text)","breaker_purge(interval, integer)"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%s FROM PUBLIC', v_schema, v_function);
     END LOOP;
 END
 $fsmc$;
@@ -733,16 +772,11 @@ $fsmc$;
 DO $fsmc$
 DECLARE
     v_schema pg_catalog.text := pg_catalog.current_schema();
-    v_function record;
+    v_function pg_catalog.text;
 BEGIN
-    FOR v_function IN
-        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
-        FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
-          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"breaker_fsmc_digest","breaker_fsmc_format","breaker_apply","breaker_claim","breaker_purge","breaker_guard_insert","breaker_guard_update","breaker_check_logged","breaker_check_event","breaker_events_append_only","breaker_guard_delete","breaker_fsmc_writer"}'::pg_catalog.text[]::pg_catalog.name[])
-    LOOP
-        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
-                                  v_schema, v_function.proname, v_function.args, v_schema);
+    FOREACH v_function IN ARRAY '{"breaker_fsmc_digest()","breaker_fsmc_format()","breaker_apply(uuid, text, bigint, text, jsonb, text)","breaker_claim(text, text, integer, text)","breaker_purge(interval, integer)","breaker_guard_insert()","breaker_guard_update()","breaker_check_logged()","breaker_check_event()","breaker_events_append_only()","breaker_guard_delete()","breaker_fsmc_writer()"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%s SET search_path = pg_catalog, %I, pg_temp',
+                                  v_schema, v_function, v_schema);
     END LOOP;
 END
 $fsmc$;

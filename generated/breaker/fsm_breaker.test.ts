@@ -267,7 +267,9 @@ const APP_GRANTS: readonly string[] = [
   "GRANT SELECT, INSERT (id, state), UPDATE (state, state_version) ON {schema}.breakers TO {role};",
   "GRANT SELECT, INSERT (breaker_id, version, from_state, event, to_state, actor, payload) ON {schema}.breaker_events TO {role};",
   "GRANT SELECT ON {schema}.breaker_intervals TO {role};",
-  "GRANT EXECUTE ON FUNCTION {schema}.breaker_apply, {schema}.breaker_claim, {schema}.breaker_purge TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.breaker_apply(uuid, text, bigint, text, jsonb, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.breaker_claim(text, text, integer, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.breaker_purge(interval, integer) TO {role};",
 ];
 
 type Database = {

@@ -271,7 +271,11 @@ const APP_GRANTS: readonly string[] = [
   "GRANT SELECT, INSERT (id, state), UPDATE (state, state_version) ON {schema}.jobs TO {role};",
   "GRANT SELECT, INSERT (job_id, version, from_state, event, to_state, actor, payload) ON {schema}.job_events TO {role};",
   "GRANT SELECT ON {schema}.job_intervals TO {role};",
-  "GRANT EXECUTE ON FUNCTION {schema}.job_apply, {schema}.job_claim, {schema}.job_heartbeat, {schema}.job_reclaim, {schema}.job_purge TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.job_apply(uuid, text, bigint, text, jsonb, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.job_claim(text, text, integer, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.job_heartbeat(uuid, bigint) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.job_reclaim(interval, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.job_purge(interval, integer) TO {role};",
 ];
 
 type Database = {

@@ -96,8 +96,8 @@ CREATE TABLE jobs (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
     state text NOT NULL DEFAULT 'queued',
     state_version bigint NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    entered_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    entered_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     claimed_by text,
     claimed_at timestamptz,
     heartbeat_at timestamptz,
@@ -112,7 +112,7 @@ CREATE TABLE job_events (
     event text NOT NULL,
     to_state text NOT NULL,
     actor text NOT NULL,
-    at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     payload jsonb,
     CONSTRAINT job_events_pkey PRIMARY KEY (job_id, version),
     CONSTRAINT job_events_transition_check CHECK (((ARRAY[from_state, event, to_state])::job_moves_51621e28) IS NOT NULL)
@@ -143,14 +143,14 @@ CREATE INDEX jobs_purge_idx ON jobs (entered_at)
 
 -- Every stay of every row in a state: the first from created_at (no event brought it
 -- in), each later one from the event that brought it in, to the event that took it out
--- (the next version's), or to now() while the row is still there.
+-- (the next version's), or to the clock while the row is still there.
 CREATE VIEW job_intervals AS
 SELECT s.id,
        s.state,
        s.version,
        s.entered_at,
        o.at AS left_at,
-       coalesce(o.at, pg_catalog.now()) - s.entered_at AS duration,
+       coalesce(o.at, pg_catalog.clock_timestamp()) - s.entered_at AS duration,
        s.entered_event,
        o.event AS left_event,
        s.entered_actor,
@@ -187,7 +187,7 @@ RETURN 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION job_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 7;
+RETURN 8;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -215,6 +215,9 @@ DECLARE
     v_from text;
     v_move pg_catalog.jsonb;
     v_to text;
+    v_then timestamptz;  -- when the row entered its state
+    v_place tid;  -- where the locked row is
+    v_now timestamptz;  -- the move's moment
     v_lease text;
 BEGIN
     IF job_apply.id IS NULL OR v_event IS NULL OR job_apply.expected_version IS NULL
@@ -229,7 +232,16 @@ BEGIN
         -- and the event row. A concurrent mover of this row makes the UPDATE wait, then
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
-        SELECT t.state INTO v_from FROM jobs AS t WHERE t.id = job_apply.id;
+        -- The row at the expected version, locked first (FOR NO KEY UPDATE: a foreign
+        -- key's lock on it does not stand in the way), so that the move's time is read
+        -- once the row is this call's: a transaction holding the row makes the call wait
+        -- here, not with a time taken before the wait. A concurrent mover's commit makes
+        -- the lock re-check the version on the row it left (EvalPlanQual): no row. The
+        -- UPDATE below then finds the locked row by its place (ctid), with no index to
+        -- search again: nothing can move a row this transaction holds.
+        SELECT t.state, t.entered_at, t.ctid INTO v_from, v_then, v_place FROM jobs AS t
+        WHERE t.id = job_apply.id AND t.state_version = job_apply.expected_version
+        FOR NO KEY UPDATE;
         IF job_fsmc_digest() OPERATOR(pg_catalog.<>) 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda' THEN
             RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
                 MESSAGE = 'job_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
@@ -242,20 +254,30 @@ BEGIN
         v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                      WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
+            -- The moment of the move, for every stamp it makes (never before the row's
+            -- last one, whatever the clock did: no stay is negative).
+            v_now := GREATEST(pg_catalog.clock_timestamp(), v_then);
             v_lease := (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) v_to;
             UPDATE jobs AS t
             SET state = v_to,
                 state_version = t.state_version + 1,
-                entered_at = pg_catalog.now(),
+                entered_at = v_now,
                 claimed_by = CASE v_lease WHEN 'enter' THEN job_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-            WHERE t.id = job_apply.id
-              AND t.state_version = job_apply.expected_version AND t.state = v_from;
+                claimed_at = CASE v_lease WHEN 'enter' THEN v_now WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE v_lease WHEN 'enter' THEN v_now WHEN 'stay' THEN v_now WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+            WHERE t.ctid = v_place;
             IF FOUND THEN
-                INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, payload)
+                INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, at, payload)
                 VALUES (job_apply.id, job_apply.expected_version + 1, v_from, v_event, v_to,
-                        job_apply.actor, job_apply.payload);
+                        job_apply.actor, v_now, job_apply.payload);
+                -- Nothing waits between the clock and here but for another transaction's
+                -- event row of this version, logged by hand for a row it did not hold (a
+                -- row that can never commit): the move's times would lie by that wait.
+                IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) v_now OPERATOR(pg_catalog.>) '100 milliseconds'::pg_catalog.interval THEN
+                    RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                        MESSAGE = 'job_apply: the move waited for another transaction''s event row of this version; its times would lie by that wait, so nothing was changed',
+                        HINT = 'retry the transaction';
+                END IF;
                 RETURN job_apply.expected_version + 1;
             END IF;
         END IF;
@@ -326,8 +348,11 @@ AS $fsmc$
 #variable_conflict use_column
 BEGIN
     -- Fenced by the version: a worker whose row was reclaimed (or moved by anyone)
-    -- cannot keep it alive. Only heartbeat_at changes, so the update stays HOT.
-    UPDATE jobs AS t SET heartbeat_at = pg_catalog.now()
+    -- cannot keep it alive. Only heartbeat_at changes, so the update stays HOT. The
+    -- beat is the clock's when the row is written (read again if a concurrent write
+    -- changed the row first); behind a transaction that held the row and changed
+    -- nothing, the time it began to wait.
+    UPDATE jobs AS t SET heartbeat_at = pg_catalog.clock_timestamp()
     WHERE t.id = job_heartbeat.id
       AND t.state_version = job_heartbeat.expected_version
       AND t.state IN ('claimed', 'running');
@@ -348,6 +373,10 @@ CREATE FUNCTION job_reclaim(older_than interval, actor text) RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
+DECLARE
+    -- The reclaim's moment: a heartbeat older than older_than before it is stale, and
+    -- the rows it moves are stamped with it (SKIP LOCKED: it waits for no row).
+    v_now timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     IF job_reclaim.older_than IS NULL OR job_reclaim.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
@@ -367,31 +396,31 @@ BEGIN
     -- a row being written right now (a heartbeat, another supervisor) is not ours.
     RETURN QUERY
     WITH stale AS (
-        SELECT t.id, t.state
+        SELECT t.id, t.state, t.entered_at
         FROM jobs AS t
         WHERE t.state IN ('claimed', 'running')
           -- No heartbeat at all (a row born in a lease state, or moved into one by
           -- hand) is as stale as can be: otherwise nothing could ever reclaim it.
-          AND coalesce(t.heartbeat_at, '-infinity') < pg_catalog.now() - job_reclaim.older_than
-        FOR UPDATE SKIP LOCKED
+          AND coalesce(t.heartbeat_at, '-infinity') < v_now - job_reclaim.older_than
+        FOR NO KEY UPDATE SKIP LOCKED
     ), moved AS (
         UPDATE jobs AS t
         SET state = x.to_state,
             state_version = t.state_version + 1,
-            entered_at = pg_catalog.now(),
+            entered_at = GREATEST(v_now, s.entered_at),
             claimed_by = CASE x.lease WHEN 'enter' THEN job_reclaim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-            claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+            claimed_at = CASE x.lease WHEN 'enter' THEN GREATEST(v_now, s.entered_at) WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+            heartbeat_at = CASE x.lease WHEN 'enter' THEN GREATEST(v_now, s.entered_at) WHEN 'stay' THEN GREATEST(v_now, s.entered_at) WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
         FROM stale AS s
         JOIN (VALUES
             ('claimed', 'queued', 'leave'),
             ('running', 'queued', 'leave')
         ) AS x (from_state, to_state, lease) ON x.from_state = s.state
         WHERE t.id = s.id AND t.state = s.state
-        RETURNING t.id, x.from_state, x.to_state, t.state_version
+        RETURNING t.id, x.from_state, x.to_state, t.state_version, t.entered_at AS at
     )
-    INSERT INTO job_events (job_id, version, from_state, event, to_state, actor)
-    SELECT m.id, m.state_version, m.from_state, 'reclaim', m.to_state, job_reclaim.actor
+    INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, at)
+    SELECT m.id, m.state_version, m.from_state, 'reclaim', m.to_state, job_reclaim.actor, m.at
     FROM moved AS m
     RETURNING job_id;
     IF job_fsmc_digest() OPERATOR(pg_catalog.<>) 'a7ee77e0d7c99a4b958ea665ef39048be2e086cacc27be39ea14b8b3136e6fda' THEN
@@ -420,6 +449,10 @@ AS $fsmc$
 DECLARE
     v_event text := job_claim.event;
     v_sources text[];
+    -- The claim's moment: what is due is due by it, and the rows it moves are stamped
+    -- with it (or, past a clock that stepped back, with the time they were last moved).
+    -- It waits for no row (SKIP LOCKED), so no wait comes between it and the write.
+    v_now timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     IF v_event IS NULL OR job_claim.actor IS NULL OR job_claim.max_rows IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
@@ -459,23 +492,24 @@ BEGIN
     IF v_sources OPERATOR(pg_catalog.<@) '{"queued","paused","failed"}'::text[] THEN
         RETURN QUERY
         WITH picked AS (
-            SELECT t.id, t.state
+            SELECT t.id, t.state, t.entered_at
             FROM jobs AS t
             WHERE t.state IN ('queued', 'paused', 'failed')
               AND t.state = ANY (v_sources)
             ORDER BY t.entered_at
             LIMIT job_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE jobs AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
-                entered_at = pg_catalog.now(),
+                entered_at = x.at,
                 claimed_by = CASE x.lease WHEN 'enter' THEN job_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                claimed_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'stay' THEN x.at WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             FROM picked AS p,
-                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN job_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) job_claim.to_state
@@ -484,10 +518,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO job_events (job_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, job_claim.actor
+            INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, job_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -495,22 +529,23 @@ BEGIN
         -- Sources inside the lease (or mixed): the lease index, or a scan.
         RETURN QUERY
         WITH picked AS (
-            SELECT t.id, t.state
+            SELECT t.id, t.state, t.entered_at
             FROM jobs AS t
             WHERE t.state = ANY (v_sources)
             ORDER BY t.entered_at
             LIMIT job_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE jobs AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
-                entered_at = pg_catalog.now(),
+                entered_at = x.at,
                 claimed_by = CASE x.lease WHEN 'enter' THEN job_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                claimed_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'stay' THEN x.at WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             FROM picked AS p,
-                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN job_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) job_claim.to_state
@@ -519,10 +554,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO job_events (job_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, job_claim.actor
+            INSERT INTO job_events (job_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, job_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -562,7 +597,8 @@ BEGIN
     END IF;
     -- Rows in a purgeable state only (the terminals, unless the spec lists purgeable),
     -- entered strictly before now() - older_than: a row that got there in this very
-    -- transaction is never purged under the event it just got.
+    -- transaction is never purged under the event it just got (a move's stamp is the
+    -- clock when it was written, never before its transaction's start, now()).
     -- SKIP LOCKED: a row someone holds is left for the next batch.
     SELECT pg_catalog.array_agg(d.id) INTO v_ids
     FROM (
@@ -619,6 +655,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
 DECLARE
+    v_at timestamptz;  -- the move's moment
     v_lease text;
 BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"queued","claimed","running","paused","completed","failed","abandoned"}'::text[])) THEN
@@ -630,14 +667,21 @@ BEGIN
     IF NEW.state_version IS NOT DISTINCT FROM OLD.state_version + 1
         AND (OLD.state || ' ' || NEW.state) = ANY ('{"queued claimed","claimed running","claimed queued","running queued","running completed","running failed","running paused","paused running","paused abandoned","failed queued","failed abandoned"}'::text[]) THEN
         -- Along one of the spec's edges (none leaves a terminal). Its times are the
-        -- database's, stamped here as the writer: the caller has no grant on them.
+        -- database's, stamped here as the writer: the caller has no grant on them. The
+        -- row is this transaction's by now (a BEFORE trigger runs once it is locked), so
+        -- the clock says when the move was written.
         -- The claim columns follow the lease rule; the claimer is the session's role.
         v_lease := CASE WHEN OLD.state = ANY ('{"claimed","running"}'::text[]) THEN CASE WHEN NEW.state = ANY ('{"claimed","running"}'::text[]) THEN 'stay' ELSE 'leave' END WHEN NEW.state = ANY ('{"claimed","running"}'::text[]) THEN 'enter' ELSE 'none' END;
+        -- The event row's time where this transaction logged the move first (the row and
+        -- its log then agree), else the clock's, never before the row's last stamp.
+        SELECT e.at INTO v_at FROM job_events AS e
+        WHERE e.job_id = OLD.id AND e.version = NEW.state_version;
+        v_at := coalesce(v_at, GREATEST(pg_catalog.clock_timestamp(), OLD.entered_at));
         UPDATE jobs AS t
-        SET entered_at = pg_catalog.now(),
+        SET entered_at = v_at,
             claimed_by = CASE v_lease WHEN 'enter' THEN SESSION_USER::pg_catalog.text WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-            claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+            claimed_at = CASE v_lease WHEN 'enter' THEN v_at WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+            heartbeat_at = CASE v_lease WHEN 'enter' THEN v_at WHEN 'stay' THEN v_at WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
         WHERE t.id = NEW.id;
         RETURN NULL;
     END IF;
@@ -664,11 +708,13 @@ CREATE FUNCTION job_check_logged() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
+DECLARE
+    v_at timestamptz;
 BEGIN
     IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
         RETURN NULL;  -- not a move (an UPDATE of the whole row); a count's change alone the guard refused
     END IF;
-    PERFORM FROM job_events AS e
+    SELECT e.at INTO v_at FROM job_events AS e
     WHERE e.job_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
@@ -676,6 +722,14 @@ BEGIN
             MESSAGE = pg_catalog.format('job %s moved from state "%s" to state "%s" (version %s) without its row in job_events',
                              NEW.id, OLD.state, NEW.state, NEW.state_version),
             HINT = 'move rows with job_apply, which appends the event row';
+    END IF;
+    -- An event row written before the row reached the state it moves from (it waited
+    -- behind another transaction's move to it): its stay there would end before it began.
+    IF v_at < OLD.entered_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = pg_catalog.format('job %s: the event row of version %s was written at %s, before the row entered state "%s" at %s (another transaction moved it there meanwhile)',
+                             NEW.id, NEW.state_version, v_at, OLD.state, OLD.entered_at),
+            HINT = 'retry the transaction: write the event row once the row is this transaction''s';
     END IF;
     RETURN NULL;
 END
@@ -823,25 +877,16 @@ DO $fsmc$
 DECLARE
     v_role pg_catalog.text := job_fsmc_writer();
     v_schema pg_catalog.text := pg_catalog.current_schema();
-    v_function record;
+    v_function pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'jobs', v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'job_events', v_role);
-    FOR v_function IN
-        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
-        FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
-          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_heartbeat","job_reclaim","job_guard_update","job_purge"}'::pg_catalog.text[]::pg_catalog.name[])
-    LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_heartbeat","job_reclaim","job_guard_update"}'::pg_catalog.text[]) THEN
-            EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
-                                      v_schema, v_function.proname, v_function.args, v_role);
-        END IF;
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"job_apply","job_claim","job_heartbeat","job_reclaim","job_purge"}'::pg_catalog.text[]) THEN
-            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                      v_schema, v_function.proname, v_function.args);
-        END IF;
+    FOREACH v_function IN ARRAY '{"job_apply(uuid, text, bigint, text, jsonb, text)","job_claim(text, text, integer, text)","job_heartbeat(uuid, bigint)","job_reclaim(interval, text)","job_guard_update()"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%s OWNER TO %I', v_schema, v_function, v_role);
+    END LOOP;
+    FOREACH v_function IN ARRAY '{"job_apply(uuid, text, bigint, text, jsonb, text)","job_claim(text, text, integer, text)","job_heartbeat(uuid, bigint)","job_reclaim(interval, text)","job_purge(interval, integer)"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%s FROM PUBLIC', v_schema, v_function);
     END LOOP;
 END
 $fsmc$;
@@ -850,16 +895,11 @@ $fsmc$;
 DO $fsmc$
 DECLARE
     v_schema pg_catalog.text := pg_catalog.current_schema();
-    v_function record;
+    v_function pg_catalog.text;
 BEGIN
-    FOR v_function IN
-        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
-        FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
-          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"job_fsmc_digest","job_fsmc_format","job_apply","job_heartbeat","job_reclaim","job_claim","job_purge","job_guard_insert","job_guard_update","job_check_logged","job_check_event","job_events_append_only","job_guard_delete","job_fsmc_writer"}'::pg_catalog.text[]::pg_catalog.name[])
-    LOOP
-        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
-                                  v_schema, v_function.proname, v_function.args, v_schema);
+    FOREACH v_function IN ARRAY '{"job_fsmc_digest()","job_fsmc_format()","job_apply(uuid, text, bigint, text, jsonb, text)","job_heartbeat(uuid, bigint)","job_reclaim(interval, text)","job_claim(text, text, integer, text)","job_purge(interval, integer)","job_guard_insert()","job_guard_update()","job_check_logged()","job_check_event()","job_events_append_only()","job_guard_delete()","job_fsmc_writer()"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%s SET search_path = pg_catalog, %I, pg_temp',
+                                  v_schema, v_function, v_schema);
     END LOOP;
 END
 $fsmc$;

@@ -559,7 +559,6 @@ _SET_STAMPS: typing.Final = Queue.__dict__["_stamps"].__set__
 class QueueNew(typing.TypedDict, total=False):
     """What create() may give a new queue; each key left out takes its column's default."""
 
-    id: int
     state: State | StateName  # one of INITIALS (default INITIAL)
     fetch_cap: int
     due_at: datetime.datetime
@@ -572,7 +571,6 @@ class QueueNew(typing.TypedDict, total=False):
 # The columns create() may write, in the order its INSERT names them, and the exact
 # type each value is cast to (jsonb travels as text, cast row by row).
 _INSERTED: typing.Final[dict[str, str]] = {
-    "id": "pg_catalog.int8",
     "state": "pg_catalog.text",
     "fetch_cap": "pg_catalog.int4",
     "due_at": "pg_catalog.timestamptz",

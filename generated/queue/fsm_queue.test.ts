@@ -381,11 +381,16 @@ const SQL_TABLE = "queue_jobs";
 // the quoted names).
 const APP_GRANTS: readonly string[] = [
   "GRANT USAGE ON SCHEMA {schema} TO {role};",
-  "GRANT SELECT, INSERT (id, state, fetch_cap, due_at, args, kind, queue, priority), UPDATE (state, state_version, fetch_count, retry_count, args, kind, queue, priority) ON {schema}.queue_jobs TO {role};",
+  "GRANT SELECT, INSERT (state, fetch_cap, due_at, args, kind, queue, priority), UPDATE (state, state_version, fetch_count, retry_count, args, kind, queue, priority) ON {schema}.queue_jobs TO {role};",
   "GRANT SELECT, INSERT (queue_id, version, from_state, event, to_state, actor, payload) ON {schema}.queue_job_events TO {role};",
   "GRANT SELECT ON {schema}.queue_intervals TO {role};",
   "GRANT SELECT ON {schema}.queue_limits TO {role};",
-  "GRANT EXECUTE ON FUNCTION {schema}.queue_apply, {schema}.queue_claim, {schema}.queue_heartbeat, {schema}.queue_reclaim, {schema}.queue_purge TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.queue_apply(bigint, text, bigint, text, jsonb, text, timestamptz) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.queue_claim(text, text, integer, text, timestamptz, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.queue_heartbeat(bigint, bigint) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.queue_reclaim(interval, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.queue_purge(interval, integer) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.queue_claimable_in(text, text) TO {role};",
 ];
 
 type Database = {

@@ -405,7 +405,6 @@ function spentBudget(row: Queue, budget: Event): boolean {
 
 /** What create() may give a new queue; each key left out takes its column's default. */
 export interface QueueNew {
-  readonly id?: string | number | bigint;
   readonly state?: State; // one of INITIALS (default INITIAL)
   readonly fetch_cap?: number;
   readonly due_at?: Date;
@@ -661,7 +660,6 @@ options.queue ?? null,
 // The keys create() may write, in the order its INSERT names them, and the exact type
 // each value is cast to (jsonb travels as text, cast row by row).
 const INSERTED: ReadonlyMap<string, string> = new Map([
-  ["id", "pg_catalog.int8"],
   ["state", "pg_catalog.text"],
   ["fetch_cap", "pg_catalog.int4"],
   ["due_at", "pg_catalog.timestamptz"],

@@ -444,11 +444,16 @@ LEASE = True
 # `{role}` stand for the quoted names).
 APP_GRANTS = [
     "GRANT USAGE ON SCHEMA {schema} TO {role};",
-    "GRANT SELECT, INSERT (id, state, fetch_cap, due_at, args, kind, queue, priority), UPDATE (state, state_version, fetch_count, retry_count, args, kind, queue, priority) ON {schema}.queue_jobs TO {role};",
+    "GRANT SELECT, INSERT (state, fetch_cap, due_at, args, kind, queue, priority), UPDATE (state, state_version, fetch_count, retry_count, args, kind, queue, priority) ON {schema}.queue_jobs TO {role};",
     "GRANT SELECT, INSERT (queue_id, version, from_state, event, to_state, actor, payload) ON {schema}.queue_job_events TO {role};",
     "GRANT SELECT ON {schema}.queue_intervals TO {role};",
     "GRANT SELECT ON {schema}.queue_limits TO {role};",
-    "GRANT EXECUTE ON FUNCTION {schema}.queue_apply, {schema}.queue_claim, {schema}.queue_heartbeat, {schema}.queue_reclaim, {schema}.queue_purge TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.queue_apply(bigint, text, bigint, text, jsonb, text, timestamptz) TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.queue_claim(text, text, integer, text, timestamptz, text) TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.queue_heartbeat(bigint, bigint) TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.queue_reclaim(interval, text) TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.queue_purge(interval, integer) TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.queue_claimable_in(text, text) TO {role};",
 ]
 # <machine>_apply itself, not through the module: (id, event, expected_version, to_state).
 APPLY_TO = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
@@ -666,6 +671,10 @@ def test_db_a_move_by_hand_gets_the_databases_time(db: Database) -> None:
     with db.connect() as conn:
         row_id, version = db.row_in(conn, source)
     with db.application() as app:
+        # The moment each is written (the row, then its event row), whenever their
+        # transaction began.
+        app.execute("SELECT pg_sleep(0.01)")
+        started = app.execute("SELECT clock_timestamp()").fetchone()[0]
         app.execute(
             f"UPDATE {SQL_TABLE} SET state = %s, state_version = state_version + 1 WHERE id = %s",
             (target, row_id),
@@ -675,12 +684,13 @@ def test_db_a_move_by_hand_gets_the_databases_time(db: Database) -> None:
             " actor) VALUES (%s, %s, %s, %s, %s, 'operator')",
             (row_id, version + 1, source, event, target),
         )
-        now = app.execute("SELECT now()").fetchone()[0]
+        ended = app.execute("SELECT clock_timestamp()").fetchone()[0]
         app.commit()
         sql = f"SELECT entered_at FROM {SQL_TABLE} WHERE id = %s"
-        assert app.execute(sql, (row_id,)).fetchone() == (now,)
+        (entered,) = app.execute(sql, (row_id,)).fetchone()
         sql = f"SELECT at FROM {SQL_EVENTS} WHERE {SQL_ID_COLUMN} = %s AND version = %s"
-        assert app.execute(sql, (row_id, version + 1)).fetchone() == (now,)
+        (at,) = app.execute(sql, (row_id, version + 1)).fetchone()
+        assert started <= entered <= at <= ended
 
 
 def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database) -> None:
@@ -909,6 +919,8 @@ def test_db_a_spent_budget_moves_the_row_to_the_otherwise(db: Database) -> None:
             to, target = next((to, t) for e, to, t in _moves(state) if e == event)
             row_id, version = db.row_in(conn, state)
             _set_by_hand(db, conn, row_id, {f"{budget}_count": CAPS[budget]})
+            _make_due(conn, row_id, db.schema)  # a timed way out waits for nothing now
+            conn.commit()
             # By hand, the move the budget no longer allows is refused at commit...
             conn.execute(
                 f"UPDATE {SQL_TABLE} SET state = %s, state_version = %s WHERE id = %s",
@@ -1032,6 +1044,34 @@ def test_db_a_timed_event_waits_for_its_row_and_a_claim_takes_only_due_rows(db: 
                 conn, row_id, event, expected_version=version, actor="test", to=to, schema=db.schema
             )
             assert got == version + 1
+            conn.rollback()
+
+
+def test_db_a_timed_event_by_hand_before_its_row_is_due_is_refused(db: Database) -> None:
+    # Not through the module: an UPDATE and its event row, as the application role may
+    # write them. The database refuses it at commit, as it refuses the module's call.
+    with db.connect() as conn:
+        for state, event in TIMERS:
+            target = next(t for e, _to, t in _moves(state) if e == event)
+            row_id, version = db.row_in(conn, state)
+            sql = f"UPDATE {SQL_TABLE} SET due_at = now() + %s WHERE id = %s"
+            conn.execute(sql, (datetime.timedelta(hours=1), row_id))
+            conn.commit()
+            count = f", {event}_count = {event}_count + 1" if event in CAPS else ""
+            with db.application() as app:
+                app.execute(
+                    f"UPDATE {SQL_TABLE} SET state = %s, state_version = %s{count} WHERE id = %s",
+                    (target, version + 1, row_id),
+                )
+                app.execute(
+                    f"INSERT INTO {SQL_EVENTS} ({SQL_ID_COLUMN}, version, from_state, event, to_state, actor)"
+                    " VALUES (%s, %s, %s, %s, %s, 'by hand')",
+                    (row_id, version + 1, state, event, target),
+                )
+                with pytest.raises(Exception) as raised:
+                    app.commit()
+                assert getattr(raised.value, "sqlstate", None) == NOT_DUE, (state, event, raised.value)
+            assert db.row(conn, row_id) == (state, version)
             conn.rollback()
 
 

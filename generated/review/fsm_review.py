@@ -357,14 +357,12 @@ _SET_STAMPS: typing.Final = Review.__dict__["_stamps"].__set__
 class ReviewNew(typing.TypedDict, total=False):
     """What create() may give a new review; each key left out takes its column's default."""
 
-    id: int
     state: State | StateName  # one of INITIALS (default INITIAL)
 
 
 # The columns create() may write, in the order its INSERT names them, and the exact
 # type each value is cast to (jsonb travels as text, cast row by row).
 _INSERTED: typing.Final[dict[str, str]] = {
-    "id": "pg_catalog.int8",
     "state": "pg_catalog.text",
 }
 

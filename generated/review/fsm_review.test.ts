@@ -264,10 +264,12 @@ const SQL_TABLE = "reviews";
 // the quoted names).
 const APP_GRANTS: readonly string[] = [
   "GRANT USAGE ON SCHEMA {schema} TO {role};",
-  "GRANT SELECT, INSERT (id, state), UPDATE (state, state_version) ON {schema}.reviews TO {role};",
+  "GRANT SELECT, INSERT (state), UPDATE (state, state_version) ON {schema}.reviews TO {role};",
   "GRANT SELECT, INSERT (review_id, version, from_state, event, to_state, actor, payload) ON {schema}.review_events TO {role};",
   "GRANT SELECT ON {schema}.review_intervals TO {role};",
-  "GRANT EXECUTE ON FUNCTION {schema}.review_apply, {schema}.review_claim, {schema}.review_purge TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.review_apply(bigint, text, bigint, text, jsonb, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.review_claim(text, text, integer, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.review_purge(interval, integer) TO {role};",
 ];
 
 type Database = {

@@ -249,7 +249,6 @@ export class Review {
 
 /** What create() may give a new review; each key left out takes its column's default. */
 export interface ReviewNew {
-  readonly id?: string | number | bigint;
   readonly state?: State; // one of INITIALS (default INITIAL)
 }
 
@@ -467,7 +466,6 @@ export async function claim(
 // The keys create() may write, in the order its INSERT names them, and the exact type
 // each value is cast to (jsonb travels as text, cast row by row).
 const INSERTED: ReadonlyMap<string, string> = new Map([
-  ["id", "pg_catalog.int8"],
   ["state", "pg_catalog.text"],
 ]);
 

@@ -260,10 +260,12 @@ const SQL_TABLE = "runners";
 // the quoted names).
 const APP_GRANTS: readonly string[] = [
   "GRANT USAGE ON SCHEMA {schema} TO {role};",
-  "GRANT SELECT, INSERT (id, state), UPDATE (state, state_version) ON {schema}.runners TO {role};",
+  "GRANT SELECT, INSERT (state), UPDATE (state, state_version) ON {schema}.runners TO {role};",
   "GRANT SELECT, INSERT (runner_id, version, from_state, event, to_state, actor, payload) ON {schema}.runner_events TO {role};",
   "GRANT SELECT ON {schema}.runner_intervals TO {role};",
-  "GRANT EXECUTE ON FUNCTION {schema}.runner_apply, {schema}.runner_claim, {schema}.runner_purge TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.runner_apply(bigint, text, bigint, text, jsonb, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.runner_claim(text, text, integer, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.runner_purge(interval, integer) TO {role};",
 ];
 
 type Database = {

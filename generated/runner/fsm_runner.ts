@@ -233,7 +233,6 @@ export class Runner {
 
 /** What create() may give a new runner; each key left out takes its column's default. */
 export interface RunnerNew {
-  readonly id?: string | number | bigint;
   readonly state?: State; // one of INITIALS (default INITIAL)
 }
 
@@ -451,7 +450,6 @@ export async function claim(
 // The keys create() may write, in the order its INSERT names them, and the exact type
 // each value is cast to (jsonb travels as text, cast row by row).
 const INSERTED: ReadonlyMap<string, string> = new Map([
-  ["id", "pg_catalog.int8"],
   ["state", "pg_catalog.text"],
 ]);
 

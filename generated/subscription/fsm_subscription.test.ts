@@ -339,7 +339,9 @@ const APP_GRANTS: readonly string[] = [
   "GRANT SELECT, INSERT (id, state), UPDATE (state, state_version, extend_trial_count) ON {schema}.subscriptions TO {role};",
   "GRANT SELECT, INSERT (subscription_id, version, from_state, event, to_state, actor, payload) ON {schema}.subscription_events TO {role};",
   "GRANT SELECT ON {schema}.subscription_intervals TO {role};",
-  "GRANT EXECUTE ON FUNCTION {schema}.subscription_apply, {schema}.subscription_claim, {schema}.subscription_purge TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.subscription_apply(uuid, text, bigint, text, jsonb, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.subscription_claim(text, text, integer, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.subscription_purge(interval, integer) TO {role};",
 ];
 
 type Database = {

@@ -98,8 +98,8 @@ CREATE TABLE subscriptions (
     id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
     state text NOT NULL DEFAULT 'incomplete',
     state_version bigint NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    entered_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    entered_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     extend_trial_count integer NOT NULL DEFAULT 0,
     CONSTRAINT subscriptions_pkey PRIMARY KEY (id),
     CONSTRAINT subscriptions_state_check CHECK (((state)::subscription_state_03d2aa89) IS NOT NULL),
@@ -113,7 +113,7 @@ CREATE TABLE subscription_events (
     event text NOT NULL,
     to_state text NOT NULL,
     actor text NOT NULL,
-    at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     payload jsonb,
     CONSTRAINT subscription_events_pkey PRIMARY KEY (subscription_id, version),
     CONSTRAINT subscription_events_transition_check CHECK (((ARRAY[from_state, event, to_state])::subscription_moves_ffb10a3d) IS NOT NULL)
@@ -139,14 +139,14 @@ CREATE INDEX subscriptions_purge_idx ON subscriptions (entered_at)
 
 -- Every stay of every row in a state: the first from created_at (no event brought it
 -- in), each later one from the event that brought it in, to the event that took it out
--- (the next version's), or to now() while the row is still there.
+-- (the next version's), or to the clock while the row is still there.
 CREATE VIEW subscription_intervals AS
 SELECT s.id,
        s.state,
        s.version,
        s.entered_at,
        o.at AS left_at,
-       coalesce(o.at, pg_catalog.now()) - s.entered_at AS duration,
+       coalesce(o.at, pg_catalog.clock_timestamp()) - s.entered_at AS duration,
        s.entered_event,
        o.event AS left_event,
        s.entered_actor,
@@ -183,7 +183,7 @@ RETURN 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION subscription_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 7;
+RETURN 8;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -211,6 +211,9 @@ DECLARE
     v_from text;
     v_move pg_catalog.jsonb;
     v_to text;
+    v_then timestamptz;  -- when the row entered its state
+    v_place tid;  -- where the locked row is
+    v_now timestamptz;  -- the move's moment
     v_extend_trial_count integer;
 BEGIN
     IF subscription_apply.id IS NULL OR v_event IS NULL OR subscription_apply.expected_version IS NULL
@@ -225,7 +228,16 @@ BEGIN
         -- and the event row. A concurrent mover of this row makes the UPDATE wait, then
         -- re-check its WHERE on the row version the winner left (EvalPlanQual), whose
         -- state_version no longer matches: of two calls at one version, one moves the row.
-        SELECT t.state INTO v_from FROM subscriptions AS t WHERE t.id = subscription_apply.id;
+        -- The row at the expected version, locked first (FOR NO KEY UPDATE: a foreign
+        -- key's lock on it does not stand in the way), so that the move's time is read
+        -- once the row is this call's: a transaction holding the row makes the call wait
+        -- here, not with a time taken before the wait. A concurrent mover's commit makes
+        -- the lock re-check the version on the row it left (EvalPlanQual): no row. The
+        -- UPDATE below then finds the locked row by its place (ctid), with no index to
+        -- search again: nothing can move a row this transaction holds.
+        SELECT t.state, t.entered_at, t.ctid INTO v_from, v_then, v_place FROM subscriptions AS t
+        WHERE t.id = subscription_apply.id AND t.state_version = subscription_apply.expected_version
+        FOR NO KEY UPDATE;
         IF subscription_fsmc_digest() OPERATOR(pg_catalog.<>) 'ab1bcdfb9bc8154e6ac224dbf244a416031a4fa20f2500e483b4446115af15d2' THEN
             RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
                 MESSAGE = 'subscription_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
@@ -238,18 +250,28 @@ BEGIN
         v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                      WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
         IF v_to IS NOT NULL THEN
+            -- The moment of the move, for every stamp it makes (never before the row's
+            -- last one, whatever the clock did: no stay is negative).
+            v_now := GREATEST(pg_catalog.clock_timestamp(), v_then);
             UPDATE subscriptions AS t
             SET state = v_to,
                 state_version = t.state_version + 1,
                 extend_trial_count = t.extend_trial_count + CASE WHEN v_event = 'extend_trial' THEN 1 ELSE 0 END,
-                entered_at = pg_catalog.now()
-            WHERE t.id = subscription_apply.id
-              AND t.state_version = subscription_apply.expected_version AND t.state = v_from
+                entered_at = v_now
+            WHERE t.ctid = v_place
               AND (v_event <> 'extend_trial' OR t.extend_trial_count < 2);
             IF FOUND THEN
-                INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor, payload)
+                INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor, at, payload)
                 VALUES (subscription_apply.id, subscription_apply.expected_version + 1, v_from, v_event, v_to,
-                        subscription_apply.actor, subscription_apply.payload);
+                        subscription_apply.actor, v_now, subscription_apply.payload);
+                -- Nothing waits between the clock and here but for another transaction's
+                -- event row of this version, logged by hand for a row it did not hold (a
+                -- row that can never commit): the move's times would lie by that wait.
+                IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) v_now OPERATOR(pg_catalog.>) '100 milliseconds'::pg_catalog.interval THEN
+                    RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                        MESSAGE = 'subscription_apply: the move waited for another transaction''s event row of this version; its times would lie by that wait, so nothing was changed',
+                        HINT = 'retry the transaction';
+                END IF;
                 RETURN subscription_apply.expected_version + 1;
             END IF;
         END IF;
@@ -338,6 +360,10 @@ AS $fsmc$
 DECLARE
     v_event text := subscription_claim.event;
     v_sources text[];
+    -- The claim's moment: what is due is due by it, and the rows it moves are stamped
+    -- with it (or, past a clock that stepped back, with the time they were last moved).
+    -- It waits for no row (SKIP LOCKED), so no wait comes between it and the write.
+    v_now timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     IF v_event IS NULL OR subscription_claim.actor IS NULL OR subscription_claim.max_rows IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
@@ -377,22 +403,23 @@ BEGIN
     IF v_sources OPERATOR(pg_catalog.<@) '{"incomplete","trialing","active","past_due","unpaid","paused"}'::text[] THEN
         RETURN QUERY
         WITH picked AS (
-            SELECT t.id, t.state
+            SELECT t.id, t.state, t.entered_at
             FROM subscriptions AS t
             WHERE t.state IN ('incomplete', 'trialing', 'active', 'past_due', 'unpaid', 'paused')
               AND t.state = ANY (v_sources)
               AND (v_event <> 'extend_trial' OR t.extend_trial_count < 2)
             ORDER BY t.entered_at
             LIMIT subscription_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE subscriptions AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 extend_trial_count = t.extend_trial_count + CASE WHEN v_event = 'extend_trial' THEN 1 ELSE 0 END,
-                entered_at = pg_catalog.now()
+                entered_at = x.at
             FROM picked AS p,
-                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN subscription_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) subscription_claim.to_state
@@ -401,10 +428,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, subscription_claim.actor
+            INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, subscription_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -412,21 +439,22 @@ BEGIN
         -- Sources inside the lease (or mixed): the lease index, or a scan.
         RETURN QUERY
         WITH picked AS (
-            SELECT t.id, t.state
+            SELECT t.id, t.state, t.entered_at
             FROM subscriptions AS t
             WHERE t.state = ANY (v_sources)
               AND (v_event <> 'extend_trial' OR t.extend_trial_count < 2)
             ORDER BY t.entered_at
             LIMIT subscription_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE subscriptions AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 extend_trial_count = t.extend_trial_count + CASE WHEN v_event = 'extend_trial' THEN 1 ELSE 0 END,
-                entered_at = pg_catalog.now()
+                entered_at = x.at
             FROM picked AS p,
-                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN subscription_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) subscription_claim.to_state
@@ -435,10 +463,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, subscription_claim.actor
+            INSERT INTO subscription_events (subscription_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, subscription_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -478,7 +506,8 @@ BEGIN
     END IF;
     -- Rows in a purgeable state only (the terminals, unless the spec lists purgeable),
     -- entered strictly before now() - older_than: a row that got there in this very
-    -- transaction is never purged under the event it just got.
+    -- transaction is never purged under the event it just got (a move's stamp is the
+    -- clock when it was written, never before its transaction's start, now()).
     -- SKIP LOCKED: a row someone holds is left for the next batch.
     SELECT pg_catalog.array_agg(d.id) INTO v_ids
     FROM (
@@ -541,6 +570,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
 DECLARE
+    v_at timestamptz;  -- the move's moment
     v_bumped integer := 0;
 BEGIN
     IF NEW.state IS NULL OR NOT (NEW.state = ANY ('{"incomplete","incomplete_expired","trialing","active","past_due","unpaid","paused","canceled"}'::text[])) THEN
@@ -585,8 +615,15 @@ BEGIN
                 DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
         END IF;
         -- Along one of the spec's edges (none leaves a terminal). Its times are the
-        -- database's, stamped here as the writer: the caller has no grant on them.
-        NEW.entered_at := pg_catalog.now();
+        -- database's, stamped here as the writer: the caller has no grant on them. The
+        -- row is this transaction's by now (a BEFORE trigger runs once it is locked), so
+        -- the clock says when the move was written.
+        -- The event row's time where this transaction logged the move first (the row and
+        -- its log then agree), else the clock's, never before the row's last stamp.
+        SELECT e.at INTO v_at FROM subscription_events AS e
+        WHERE e.subscription_id = OLD.id AND e.version = NEW.state_version;
+        v_at := coalesce(v_at, GREATEST(pg_catalog.clock_timestamp(), OLD.entered_at));
+        NEW.entered_at := v_at;
         RETURN NEW;
     END IF;
     IF OLD.state = ANY ('{"incomplete_expired","canceled"}'::text[]) THEN
@@ -613,12 +650,13 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
 DECLARE
+    v_at timestamptz;
     v_event text;
 BEGIN
     IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
         RETURN NULL;  -- not a move (an UPDATE of the whole row); a count's change alone the guard refused
     END IF;
-    SELECT e.event INTO v_event FROM subscription_events AS e
+    SELECT e.event, e.at INTO v_event, v_at FROM subscription_events AS e
     WHERE e.subscription_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
@@ -626,6 +664,14 @@ BEGIN
             MESSAGE = pg_catalog.format('subscription %s moved from state "%s" to state "%s" (version %s) without its row in subscription_events',
                              NEW.id, OLD.state, NEW.state, NEW.state_version),
             HINT = 'move rows with subscription_apply, which appends the event row';
+    END IF;
+    -- An event row written before the row reached the state it moves from (it waited
+    -- behind another transaction's move to it): its stay there would end before it began.
+    IF v_at < OLD.entered_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = pg_catalog.format('subscription %s: the event row of version %s was written at %s, before the row entered state "%s" at %s (another transaction moved it there meanwhile)',
+                             NEW.id, NEW.state_version, v_at, OLD.state, OLD.entered_at),
+            HINT = 'retry the transaction: write the event row once the row is this transaction''s';
     END IF;
     IF (v_event = 'extend_trial') IS DISTINCT FROM (NEW.extend_trial_count IS DISTINCT FROM OLD.extend_trial_count) THEN
         RAISE EXCEPTION USING ERRCODE = '23F05',
@@ -777,25 +823,16 @@ DO $fsmc$
 DECLARE
     v_role pg_catalog.text := subscription_fsmc_writer();
     v_schema pg_catalog.text := pg_catalog.current_schema();
-    v_function record;
+    v_function pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'subscriptions', v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'subscription_events', v_role);
-    FOR v_function IN
-        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
-        FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
-          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_guard_update","subscription_purge"}'::pg_catalog.text[]::pg_catalog.name[])
-    LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_guard_update"}'::pg_catalog.text[]) THEN
-            EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
-                                      v_schema, v_function.proname, v_function.args, v_role);
-        END IF;
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"subscription_apply","subscription_claim","subscription_purge"}'::pg_catalog.text[]) THEN
-            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                      v_schema, v_function.proname, v_function.args);
-        END IF;
+    FOREACH v_function IN ARRAY '{"subscription_apply(uuid, text, bigint, text, jsonb, text)","subscription_claim(text, text, integer, text)","subscription_guard_update()"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%s OWNER TO %I', v_schema, v_function, v_role);
+    END LOOP;
+    FOREACH v_function IN ARRAY '{"subscription_apply(uuid, text, bigint, text, jsonb, text)","subscription_claim(text, text, integer, text)","subscription_purge(interval, integer)"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%s FROM PUBLIC', v_schema, v_function);
     END LOOP;
 END
 $fsmc$;
@@ -804,16 +841,11 @@ $fsmc$;
 DO $fsmc$
 DECLARE
     v_schema pg_catalog.text := pg_catalog.current_schema();
-    v_function record;
+    v_function pg_catalog.text;
 BEGIN
-    FOR v_function IN
-        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
-        FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
-          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"subscription_fsmc_digest","subscription_fsmc_format","subscription_apply","subscription_claim","subscription_purge","subscription_guard_insert","subscription_guard_update","subscription_check_logged","subscription_check_event","subscription_events_append_only","subscription_guard_delete","subscription_fsmc_writer"}'::pg_catalog.text[]::pg_catalog.name[])
-    LOOP
-        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
-                                  v_schema, v_function.proname, v_function.args, v_schema);
+    FOREACH v_function IN ARRAY '{"subscription_fsmc_digest()","subscription_fsmc_format()","subscription_apply(uuid, text, bigint, text, jsonb, text)","subscription_claim(text, text, integer, text)","subscription_purge(interval, integer)","subscription_guard_insert()","subscription_guard_update()","subscription_check_logged()","subscription_check_event()","subscription_events_append_only()","subscription_guard_delete()","subscription_fsmc_writer()"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%s SET search_path = pg_catalog, %I, pg_temp',
+                                  v_schema, v_function, v_schema);
     END LOOP;
 END
 $fsmc$;

@@ -384,7 +384,9 @@ APP_GRANTS = [
     "GRANT SELECT, INSERT (id, state), UPDATE (state, state_version, extend_trial_count) ON {schema}.subscriptions TO {role};",
     "GRANT SELECT, INSERT (subscription_id, version, from_state, event, to_state, actor, payload) ON {schema}.subscription_events TO {role};",
     "GRANT SELECT ON {schema}.subscription_intervals TO {role};",
-    "GRANT EXECUTE ON FUNCTION {schema}.subscription_apply, {schema}.subscription_claim, {schema}.subscription_purge TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.subscription_apply(uuid, text, bigint, text, jsonb, text) TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.subscription_claim(text, text, integer, text) TO {role};",
+    "GRANT EXECUTE ON FUNCTION {schema}.subscription_purge(interval, integer) TO {role};",
 ]
 # <machine>_apply itself, not through the module: (id, event, expected_version, to_state).
 APPLY_TO = f"SELECT {SQL_APPLY}(%s, %s, %s, 'test', NULL, to_state => %s)"
@@ -588,6 +590,10 @@ def test_db_a_move_by_hand_gets_the_databases_time(db: Database) -> None:
     with db.connect() as conn:
         row_id, version = db.row_in(conn, source)
     with db.application() as app:
+        # The moment each is written (the row, then its event row), whenever their
+        # transaction began.
+        app.execute("SELECT pg_sleep(0.01)")
+        started = app.execute("SELECT clock_timestamp()").fetchone()[0]
         app.execute(
             f"UPDATE {SQL_TABLE} SET state = %s, state_version = state_version + 1 WHERE id = %s",
             (target, row_id),
@@ -597,12 +603,13 @@ def test_db_a_move_by_hand_gets_the_databases_time(db: Database) -> None:
             " actor) VALUES (%s, %s, %s, %s, %s, 'operator')",
             (row_id, version + 1, source, event, target),
         )
-        now = app.execute("SELECT now()").fetchone()[0]
+        ended = app.execute("SELECT clock_timestamp()").fetchone()[0]
         app.commit()
         sql = f"SELECT entered_at FROM {SQL_TABLE} WHERE id = %s"
-        assert app.execute(sql, (row_id,)).fetchone() == (now,)
+        (entered,) = app.execute(sql, (row_id,)).fetchone()
         sql = f"SELECT at FROM {SQL_EVENTS} WHERE {SQL_ID_COLUMN} = %s AND version = %s"
-        assert app.execute(sql, (row_id, version + 1)).fetchone() == (now,)
+        (at,) = app.execute(sql, (row_id, version + 1)).fetchone()
+        assert started <= entered <= at <= ended
 
 
 def test_db_every_transition_moves_and_every_other_pair_is_refused(db: Database) -> None:

@@ -348,7 +348,11 @@ const APP_GRANTS: readonly string[] = [
   "GRANT SELECT, INSERT (id, state), UPDATE (state, state_version, retry_count) ON {schema}.tasks TO {role};",
   "GRANT SELECT, INSERT (task_id, version, from_state, event, to_state, actor, payload) ON {schema}.task_events TO {role};",
   "GRANT SELECT ON {schema}.task_intervals TO {role};",
-  "GRANT EXECUTE ON FUNCTION {schema}.task_apply, {schema}.task_claim, {schema}.task_heartbeat, {schema}.task_reclaim, {schema}.task_purge TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.task_apply(text, text, bigint, text, jsonb, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.task_claim(text, text, integer, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.task_heartbeat(text, bigint) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.task_reclaim(interval, text) TO {role};",
+  "GRANT EXECUTE ON FUNCTION {schema}.task_purge(interval, integer) TO {role};",
 ];
 
 type Database = {

@@ -93,8 +93,8 @@ CREATE TABLE tasks (
     id text NOT NULL,
     state text NOT NULL DEFAULT 'new',
     state_version bigint NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    entered_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    entered_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     claimed_by text,
     claimed_at timestamptz,
     heartbeat_at timestamptz,
@@ -112,7 +112,7 @@ CREATE TABLE task_events (
     event text NOT NULL,
     to_state text NOT NULL,
     actor text NOT NULL,
-    at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     payload jsonb,
     CONSTRAINT task_events_pkey PRIMARY KEY (task_id, version),
     CONSTRAINT task_events_transition_check CHECK (((ARRAY[from_state, event, to_state])::task_moves_a1b4d2d1) IS NOT NULL)
@@ -146,14 +146,14 @@ CREATE INDEX tasks_purge_idx ON tasks (entered_at)
 
 -- Every stay of every row in a state: the first from created_at (no event brought it
 -- in), each later one from the event that brought it in, to the event that took it out
--- (the next version's), or to now() while the row is still there.
+-- (the next version's), or to the clock while the row is still there.
 CREATE VIEW task_intervals AS
 SELECT s.id,
        s.state,
        s.version,
        s.entered_at,
        o.at AS left_at,
-       coalesce(o.at, pg_catalog.now()) - s.entered_at AS duration,
+       coalesce(o.at, pg_catalog.clock_timestamp()) - s.entered_at AS duration,
        s.entered_event,
        o.event AS left_event,
        s.entered_actor,
@@ -190,7 +190,7 @@ RETURN '829765606477e4f6cc2acd33b4d864ce807032cecdd182b4ae501668934ee76f';
 -- before it compares machines, so an old database is migrated, never taken for current.
 CREATE FUNCTION task_fsmc_format() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 7;
+RETURN 8;
 
 -- The functions that move rows run as the machine's writer role (SECURITY DEFINER; the
 -- block at the end of this file creates the role if needed and gives it these functions).
@@ -218,6 +218,9 @@ DECLARE
     v_from text;
     v_move pg_catalog.jsonb;
     v_to text;
+    v_then timestamptz;  -- when the row entered its state
+    v_place tid;  -- where the locked row is
+    v_now timestamptz;  -- the move's moment
     v_lease text;
     v_retry_count integer;
     v_spent boolean;  -- the budget this move depends on is spent: the row goes to its otherwise
@@ -237,7 +240,16 @@ BEGIN
         -- state_version no longer matches: of two calls at one version, one moves the row.
         IF v_event = ANY ('{"acquire","begin","complete","fail","give_up","expire"}'::text[]) THEN
             v_spent := false;  -- no move of this event has a budget to spend
-            SELECT t.state INTO v_from FROM tasks AS t WHERE t.id = task_apply.id;
+            -- The row at the expected version, locked first (FOR NO KEY UPDATE: a foreign
+            -- key's lock on it does not stand in the way), so that the move's time is read
+            -- once the row is this call's: a transaction holding the row makes the call wait
+            -- here, not with a time taken before the wait. A concurrent mover's commit makes
+            -- the lock re-check the version on the row it left (EvalPlanQual): no row. The
+            -- UPDATE below then finds the locked row by its place (ctid), with no index to
+            -- search again: nothing can move a row this transaction holds.
+            SELECT t.state, t.entered_at, t.ctid INTO v_from, v_then, v_place FROM tasks AS t
+            WHERE t.id = task_apply.id AND t.state_version = task_apply.expected_version
+            FOR NO KEY UPDATE;
             IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '829765606477e4f6cc2acd33b4d864ce807032cecdd182b4ae501668934ee76f' THEN
                 RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
                     MESSAGE = 'task_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
@@ -250,33 +262,51 @@ BEGIN
             v_to := CASE WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                          WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
             IF v_to IS NOT NULL THEN
+                -- The moment of the move, for every stamp it makes (never before the row's
+                -- last one, whatever the clock did: no stay is negative).
+                v_now := GREATEST(pg_catalog.clock_timestamp(), v_then);
                 v_lease := (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) v_to;
                 UPDATE tasks AS t
                 SET state = v_to,
                     state_version = t.state_version + 1,
                     retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
-                    due_at = CASE v_to WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
-                    entered_at = pg_catalog.now(),
+                    due_at = CASE v_to WHEN 'failed' THEN v_now + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+                    entered_at = v_now,
                     claimed_by = CASE v_lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                    claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                    heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-                WHERE t.id = task_apply.id
-                  AND t.state_version = task_apply.expected_version AND t.state = v_from
+                    claimed_at = CASE v_lease WHEN 'enter' THEN v_now WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                    heartbeat_at = CASE v_lease WHEN 'enter' THEN v_now WHEN 'stay' THEN v_now WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                WHERE t.ctid = v_place
                   AND (v_event <> 'retry' OR t.retry_count < 5);
                 IF FOUND THEN
-                    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
+                    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, at, payload)
                     VALUES (task_apply.id, task_apply.expected_version + 1, v_from, v_event, v_to,
-                            task_apply.actor, task_apply.payload);
+                            task_apply.actor, v_now, task_apply.payload);
+                    -- Nothing waits between the clock and here but for another transaction's
+                    -- event row of this version, logged by hand for a row it did not hold (a
+                    -- row that can never commit): the move's times would lie by that wait.
+                    IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) v_now OPERATOR(pg_catalog.>) '100 milliseconds'::pg_catalog.interval THEN
+                        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                            MESSAGE = 'task_apply: the move waited for another transaction''s event row of this version; its times would lie by that wait, so nothing was changed',
+                            HINT = 'retry the transaction';
+                    END IF;
                     RETURN task_apply.expected_version + 1;
                 END IF;
             END IF;
         ELSE
+            -- The row at the expected version, locked first (FOR NO KEY UPDATE: a foreign
+            -- key's lock on it does not stand in the way), so that the move's time is read
+            -- once the row is this call's: a transaction holding the row makes the call wait
+            -- here, not with a time taken before the wait. A concurrent mover's commit makes
+            -- the lock re-check the version on the row it left (EvalPlanQual): no row. The
+            -- UPDATE below then finds the locked row by its place (ctid), with no index to
+            -- search again: nothing can move a row this transaction holds.
             -- Read with the row's counts, at the version the UPDATE then requires: a budget
             -- spent at that version decides where the move goes.
-            SELECT t.state, coalesce((m.move OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE m.move OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false)
-            INTO v_from, v_spent
+            SELECT t.state, t.entered_at, t.ctid, coalesce((m.move OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE m.move OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false)
+            INTO v_from, v_then, v_place, v_spent
             FROM tasks AS t, LATERAL (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event) AS move) AS m
-            WHERE t.id = task_apply.id;
+            WHERE t.id = task_apply.id AND t.state_version = task_apply.expected_version
+            FOR NO KEY UPDATE OF t;
             IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '829765606477e4f6cc2acd33b4d864ce807032cecdd182b4ae501668934ee76f' THEN
                 RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
                     MESSAGE = 'task_apply: the schema was migrated to another spec while this call waited for it; nothing was changed',
@@ -293,25 +323,35 @@ BEGIN
                          WHEN v_wanted IS NULL THEN v_move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                          WHEN (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) v_wanted THEN v_wanted END;
             IF v_to IS NOT NULL THEN
+                -- The moment of the move, for every stamp it makes (never before the row's
+                -- last one, whatever the clock did: no stay is negative).
+                v_now := GREATEST(pg_catalog.clock_timestamp(), v_then);
                 v_lease := CASE WHEN v_spent THEN v_move OPERATOR(pg_catalog.->>) 'ol'::pg_catalog.text
                                 ELSE (v_move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) v_to END;
                 UPDATE tasks AS t
                 SET state = v_to,
                     state_version = t.state_version + 1,
                     retry_count = CASE WHEN (v_move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT v_spent THEN 1 ELSE 0 END END,
-                    due_at = CASE v_to WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
-                    entered_at = pg_catalog.now(),
+                    due_at = CASE v_to WHEN 'failed' THEN v_now + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+                    entered_at = v_now,
                     claimed_by = CASE v_lease WHEN 'enter' THEN task_apply.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                    claimed_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                    heartbeat_at = CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
-                WHERE t.id = task_apply.id
-                  AND t.state_version = task_apply.expected_version AND t.state = v_from
-                  AND (NOT (v_move OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= pg_catalog.now())
+                    claimed_at = CASE v_lease WHEN 'enter' THEN v_now WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                    heartbeat_at = CASE v_lease WHEN 'enter' THEN v_now WHEN 'stay' THEN v_now WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                WHERE t.ctid = v_place
+                  AND (NOT (v_move OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= v_now)
                   AND (v_event <> 'retry' OR v_spent OR t.retry_count < 5);
                 IF FOUND THEN
-                    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, payload)
+                    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, at, payload)
                     VALUES (task_apply.id, task_apply.expected_version + 1, v_from, v_event, v_to,
-                            task_apply.actor, task_apply.payload);
+                            task_apply.actor, v_now, task_apply.payload);
+                    -- Nothing waits between the clock and here but for another transaction's
+                    -- event row of this version, logged by hand for a row it did not hold (a
+                    -- row that can never commit): the move's times would lie by that wait.
+                    IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) v_now OPERATOR(pg_catalog.>) '100 milliseconds'::pg_catalog.interval THEN
+                        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                            MESSAGE = 'task_apply: the move waited for another transaction''s event row of this version; its times would lie by that wait, so nothing was changed',
+                            HINT = 'retry the transaction';
+                    END IF;
                     RETURN task_apply.expected_version + 1;
                 END IF;
             END IF;
@@ -375,7 +415,7 @@ BEGIN
                                  task_apply.id, v_retry_count, v_state),
                 DETAIL = pg_catalog.format('state=%s event=retry count=%s cap=5', v_state, v_retry_count);
         END IF;
-        IF v_move OPERATOR(pg_catalog.?) 'd'::pg_catalog.text AND v_due > pg_catalog.now() THEN
+        IF v_move OPERATOR(pg_catalog.?) 'd'::pg_catalog.text AND v_due > pg_catalog.clock_timestamp() THEN
             RAISE EXCEPTION USING ERRCODE = '23F08',
                 MESSAGE = pg_catalog.format('task %s: event "%s" in state "%s" is not due until %s',
                                  task_apply.id, v_event, v_state, v_due),
@@ -394,8 +434,11 @@ AS $fsmc$
 #variable_conflict use_column
 BEGIN
     -- Fenced by the version: a worker whose row was reclaimed (or moved by anyone)
-    -- cannot keep it alive. Only heartbeat_at changes, so the update stays HOT.
-    UPDATE tasks AS t SET heartbeat_at = pg_catalog.now()
+    -- cannot keep it alive. Only heartbeat_at changes, so the update stays HOT. The
+    -- beat is the clock's when the row is written (read again if a concurrent write
+    -- changed the row first); behind a transaction that held the row and changed
+    -- nothing, the time it began to wait.
+    UPDATE tasks AS t SET heartbeat_at = pg_catalog.clock_timestamp()
     WHERE t.id = task_heartbeat.id
       AND t.state_version = task_heartbeat.expected_version
       AND t.state IN ('acquired', 'working');
@@ -416,6 +459,10 @@ CREATE FUNCTION task_reclaim(older_than interval, actor text) RETURNS SETOF text
 LANGUAGE plpgsql SECURITY DEFINER
 AS $fsmc$
 #variable_conflict use_column
+DECLARE
+    -- The reclaim's moment: a heartbeat older than older_than before it is stale, and
+    -- the rows it moves are stamped with it (SKIP LOCKED: it waits for no row).
+    v_now timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     IF task_reclaim.older_than IS NULL OR task_reclaim.actor IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
@@ -435,23 +482,23 @@ BEGIN
     -- a row being written right now (a heartbeat, another supervisor) is not ours.
     RETURN QUERY
     WITH stale AS (
-        SELECT t.id, t.state, coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || 'fail')) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || 'fail')) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) AS spent
+        SELECT t.id, t.state, t.entered_at, coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || 'fail')) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || 'fail')) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) AS spent
         FROM tasks AS t
         WHERE t.state IN ('acquired', 'working')
-          AND coalesce(t.heartbeat_at, '-infinity') < pg_catalog.now() - task_reclaim.older_than
+          AND coalesce(t.heartbeat_at, '-infinity') < v_now - task_reclaim.older_than
           AND ('fail' <> 'retry' OR coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || 'fail')) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || 'fail')) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) OR t.retry_count < 5)
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     ), moved AS (
         -- A row whose budget is spent goes to the reclaim transition's otherwise.
         UPDATE tasks AS t
         SET state = x.to_state,
             state_version = t.state_version + 1,
             retry_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN 'fail' = 'retry' AND NOT s.spent THEN 1 ELSE 0 END END,
-            due_at = CASE x.to_state WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN 'fail' = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
-            entered_at = pg_catalog.now(),
+            due_at = CASE x.to_state WHEN 'failed' THEN GREATEST(v_now, s.entered_at) + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN 'fail' = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+            entered_at = GREATEST(v_now, s.entered_at),
             claimed_by = CASE x.lease WHEN 'enter' THEN task_reclaim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-            claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-            heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+            claimed_at = CASE x.lease WHEN 'enter' THEN GREATEST(v_now, s.entered_at) WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+            heartbeat_at = CASE x.lease WHEN 'enter' THEN GREATEST(v_now, s.entered_at) WHEN 'stay' THEN GREATEST(v_now, s.entered_at) WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
         FROM stale AS s,
              LATERAL (SELECT m.move,
                              CASE WHEN s.spent THEN m.move OPERATOR(pg_catalog.->>) 'o'::pg_catalog.text
@@ -460,10 +507,10 @@ BEGIN
                                   ELSE (m.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) (m.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text) END AS lease
                       FROM (SELECT '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (s.state || ' ' || 'fail') AS move) AS m) AS x
         WHERE t.id = s.id AND t.state = s.state AND x.to_state IS NOT NULL
-        RETURNING t.id, s.state AS from_state, x.to_state, t.state_version
+        RETURNING t.id, s.state AS from_state, x.to_state, t.state_version, t.entered_at AS at
     )
-    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
-    SELECT m.id, m.state_version, m.from_state, 'fail', m.to_state, task_reclaim.actor
+    INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, at)
+    SELECT m.id, m.state_version, m.from_state, 'fail', m.to_state, task_reclaim.actor, m.at
     FROM moved AS m
     RETURNING task_id;
     IF task_fsmc_digest() OPERATOR(pg_catalog.<>) '829765606477e4f6cc2acd33b4d864ce807032cecdd182b4ae501668934ee76f' THEN
@@ -492,6 +539,10 @@ AS $fsmc$
 DECLARE
     v_event text := task_claim.event;
     v_sources text[];
+    -- The claim's moment: what is due is due by it, and the rows it moves are stamped
+    -- with it (or, past a clock that stepped back, with the time they were last moved).
+    -- It waits for no row (SKIP LOCKED), so no wait comes between it and the write.
+    v_now timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     IF v_event IS NULL OR task_claim.actor IS NULL OR task_claim.max_rows IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed',
@@ -534,30 +585,31 @@ BEGIN
         RETURN QUERY
         WITH picked AS (
             -- Whether each row's budget is spent, read from the row as locked (its newest version).
-            SELECT t.id, t.state, coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) AS spent
+            SELECT t.id, t.state, t.entered_at, coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) AS spent
             FROM tasks AS t
             WHERE t.state IN ('failed')
-              AND t.due_at <= pg_catalog.now()
+              AND t.due_at <= v_now
               AND t.state = ANY (v_sources)
               AND (v_event <> 'retry' OR coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) OR t.retry_count < 5)
-              AND (NOT (('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= pg_catalog.now())
+              AND (NOT (('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= v_now)
             ORDER BY t.due_at
             LIMIT task_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE tasks AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 retry_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT p.spent THEN 1 ELSE 0 END END,
-                due_at = CASE x.to_state WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
-                entered_at = pg_catalog.now(),
+                due_at = CASE x.to_state WHEN 'failed' THEN x.at + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+                entered_at = x.at,
                 claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                claimed_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'stay' THEN x.at WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             FROM picked AS p,
                  LATERAL (SELECT w.to_state, w.move,
                                  CASE WHEN p.spent THEN w.move OPERATOR(pg_catalog.->>) 'ol'::pg_catalog.text
-                                      ELSE (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state END AS lease
+                                      ELSE (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state END AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN p.spent THEN v.move OPERATOR(pg_catalog.->>) 'o'::pg_catalog.text
                                             WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
@@ -567,10 +619,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
+            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -579,26 +631,27 @@ BEGIN
         -- without their expressions.
         RETURN QUERY
         WITH picked AS (
-            SELECT t.id, t.state
+            SELECT t.id, t.state, t.entered_at
             FROM tasks AS t
             WHERE t.state IN ('new', 'failed')
               AND t.state = ANY (v_sources)
               AND (v_event <> 'retry' OR t.retry_count < 5)
             ORDER BY t.entered_at
             LIMIT task_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE tasks AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 retry_count = t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END,
-                due_at = CASE x.to_state WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
-                entered_at = pg_catalog.now(),
+                due_at = CASE x.to_state WHEN 'failed' THEN x.at + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+                entered_at = x.at,
                 claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                claimed_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'stay' THEN x.at WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             FROM picked AS p,
-                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease
+                 LATERAL (SELECT w.to_state, (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
                                             WHEN (v.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.?) task_claim.to_state
@@ -607,10 +660,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
+            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -618,29 +671,30 @@ BEGIN
         RETURN QUERY
         WITH picked AS (
             -- Whether each row's budget is spent, read from the row as locked (its newest version).
-            SELECT t.id, t.state, coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) AS spent
+            SELECT t.id, t.state, t.entered_at, coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) AS spent
             FROM tasks AS t
             WHERE t.state IN ('new', 'failed')
               AND t.state = ANY (v_sources)
               AND (v_event <> 'retry' OR coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) OR t.retry_count < 5)
-              AND (NOT (('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= pg_catalog.now())
+              AND (NOT (('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= v_now)
             ORDER BY t.entered_at
             LIMIT task_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE tasks AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 retry_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT p.spent THEN 1 ELSE 0 END END,
-                due_at = CASE x.to_state WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
-                entered_at = pg_catalog.now(),
+                due_at = CASE x.to_state WHEN 'failed' THEN x.at + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+                entered_at = x.at,
                 claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                claimed_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'stay' THEN x.at WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             FROM picked AS p,
                  LATERAL (SELECT w.to_state, w.move,
                                  CASE WHEN p.spent THEN w.move OPERATOR(pg_catalog.->>) 'ol'::pg_catalog.text
-                                      ELSE (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state END AS lease
+                                      ELSE (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state END AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN p.spent THEN v.move OPERATOR(pg_catalog.->>) 'o'::pg_catalog.text
                                             WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
@@ -650,10 +704,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
+            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -662,28 +716,29 @@ BEGIN
         RETURN QUERY
         WITH picked AS (
             -- Whether each row's budget is spent, read from the row as locked (its newest version).
-            SELECT t.id, t.state, coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) AS spent
+            SELECT t.id, t.state, t.entered_at, coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) AS spent
             FROM tasks AS t
             WHERE t.state = ANY (v_sources)
               AND (v_event <> 'retry' OR coalesce((('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE ('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN t.retry_count >= 5 END, false) OR t.retry_count < 5)
-              AND (NOT (('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= pg_catalog.now())
+              AND (NOT (('{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (t.state || ' ' || v_event)) OPERATOR(pg_catalog.?) 'd'::pg_catalog.text) OR coalesce(t.due_at, '-infinity') <= v_now)
             ORDER BY t.entered_at
             LIMIT task_claim.max_rows
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE tasks AS t
             SET state = x.to_state,
                 state_version = t.state_version + 1,
                 retry_count = CASE WHEN (x.move OPERATOR(pg_catalog.->) 'r'::pg_catalog.text) OPERATOR(pg_catalog.?) 'retry' THEN 0 ELSE t.retry_count + CASE WHEN v_event = 'retry' AND NOT p.spent THEN 1 ELSE 0 END END,
-                due_at = CASE x.to_state WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
-                entered_at = pg_catalog.now(),
+                due_at = CASE x.to_state WHEN 'failed' THEN x.at + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, t.retry_count + CASE WHEN v_event = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END,
+                entered_at = x.at,
                 claimed_by = CASE x.lease WHEN 'enter' THEN task_claim.actor WHEN 'leave' THEN NULL ELSE t.claimed_by END,
-                claimed_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.claimed_at END,
-                heartbeat_at = CASE x.lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
+                claimed_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'leave' THEN NULL ELSE t.claimed_at END,
+                heartbeat_at = CASE x.lease WHEN 'enter' THEN x.at WHEN 'stay' THEN x.at WHEN 'leave' THEN NULL ELSE t.heartbeat_at END
             FROM picked AS p,
                  LATERAL (SELECT w.to_state, w.move,
                                  CASE WHEN p.spent THEN w.move OPERATOR(pg_catalog.->>) 'ol'::pg_catalog.text
-                                      ELSE (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state END AS lease
+                                      ELSE (w.move OPERATOR(pg_catalog.->) 't'::pg_catalog.text) OPERATOR(pg_catalog.->>) w.to_state END AS lease,
+                                 GREATEST(v_now, p.entered_at) AS at
                           FROM (SELECT v.move,
                                        CASE WHEN p.spent THEN v.move OPERATOR(pg_catalog.->>) 'o'::pg_catalog.text
                                             WHEN task_claim.to_state IS NULL THEN v.move OPERATOR(pg_catalog.->>) 's'::pg_catalog.text
@@ -693,10 +748,10 @@ BEGIN
             WHERE t.id = p.id AND t.state = p.state AND x.to_state IS NOT NULL
             -- The whole row as moved (`t`: the table's own row type, whatever order a migration
             -- left its columns in), which the claim returns: the caller reads no row back.
-            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, t AS claimed
+            RETURNING t.id, p.state AS from_state, x.to_state, t.state_version, x.at, t AS claimed
         ), logged AS (
-            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor)
-            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor
+            INSERT INTO task_events (task_id, version, from_state, event, to_state, actor, at)
+            SELECT m.id, m.state_version, m.from_state, v_event, m.to_state, task_claim.actor, m.at
             FROM moved AS m
         )
         SELECT (m.claimed).* FROM moved AS m;
@@ -736,7 +791,8 @@ BEGIN
     END IF;
     -- Rows in a purgeable state only (the terminals, unless the spec lists purgeable),
     -- entered strictly before now() - older_than: a row that got there in this very
-    -- transaction is never purged under the event it just got.
+    -- transaction is never purged under the event it just got (a move's stamp is the
+    -- clock when it was written, never before its transaction's start, now()).
     -- SKIP LOCKED: a row someone holds is left for the next batch.
     SELECT pg_catalog.array_agg(d.id) INTO v_ids
     FROM (
@@ -788,7 +844,7 @@ BEGIN
             HINT = 'insert without retry_count; it counts the event''s firings';
     END IF;
     -- Its due time is the database's (for a state that waits for one, the time given).
-    NEW.due_at := CASE NEW.state WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, NEW.retry_count + CASE WHEN NULL = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END;
+    NEW.due_at := CASE NEW.state WHEN 'failed' THEN NEW.entered_at + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, NEW.retry_count + CASE WHEN NULL = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END;
     RETURN NEW;
 END
 $fsmc$;
@@ -801,6 +857,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET enable_seqscan = off
 AS $fsmc$
 DECLARE
+    v_at timestamptz;  -- the move's moment
     v_bumped integer := 0;
     v_lease text;
 BEGIN
@@ -846,14 +903,21 @@ BEGIN
                 DETAIL = pg_catalog.format('state=%s to_state=%s', OLD.state, NEW.state);
         END IF;
         -- Along one of the spec's edges (none leaves a terminal). Its times are the
-        -- database's, stamped here as the writer: the caller has no grant on them.
+        -- database's, stamped here as the writer: the caller has no grant on them. The
+        -- row is this transaction's by now (a BEFORE trigger runs once it is locked), so
+        -- the clock says when the move was written.
         -- The claim columns follow the lease rule; the claimer is the session's role.
         v_lease := CASE WHEN OLD.state = ANY ('{"acquired","working"}'::text[]) THEN CASE WHEN NEW.state = ANY ('{"acquired","working"}'::text[]) THEN 'stay' ELSE 'leave' END WHEN NEW.state = ANY ('{"acquired","working"}'::text[]) THEN 'enter' ELSE 'none' END;
-        NEW.entered_at := pg_catalog.now();
-        NEW.due_at := CASE NEW.state WHEN 'failed' THEN pg_catalog.now() + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, NEW.retry_count + CASE WHEN NULL = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END;
+        -- The event row's time where this transaction logged the move first (the row and
+        -- its log then agree), else the clock's, never before the row's last stamp.
+        SELECT e.at INTO v_at FROM task_events AS e
+        WHERE e.task_id = OLD.id AND e.version = NEW.state_version;
+        v_at := coalesce(v_at, GREATEST(pg_catalog.clock_timestamp(), OLD.entered_at));
+        NEW.entered_at := v_at;
+        NEW.due_at := CASE NEW.state WHEN 'failed' THEN v_at + LEAST(300000::pg_catalog.float8, 3000::pg_catalog.float8 * pg_catalog.power(2.0::pg_catalog.float8, LEAST(7, NEW.retry_count + CASE WHEN NULL = 'retry' THEN 1 ELSE 0 END)::pg_catalog.float8)) * '1 millisecond'::pg_catalog.interval END;
         NEW.claimed_by := CASE v_lease WHEN 'enter' THEN SESSION_USER::pg_catalog.text WHEN 'leave' THEN NULL ELSE OLD.claimed_by END;
-        NEW.claimed_at := CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE OLD.claimed_at END;
-        NEW.heartbeat_at := CASE v_lease WHEN 'enter' THEN pg_catalog.now() WHEN 'stay' THEN pg_catalog.now() WHEN 'leave' THEN NULL ELSE OLD.heartbeat_at END;
+        NEW.claimed_at := CASE v_lease WHEN 'enter' THEN v_at WHEN 'leave' THEN NULL ELSE OLD.claimed_at END;
+        NEW.heartbeat_at := CASE v_lease WHEN 'enter' THEN v_at WHEN 'stay' THEN v_at WHEN 'leave' THEN NULL ELSE OLD.heartbeat_at END;
         RETURN NEW;
     END IF;
     IF OLD.state = ANY ('{"done","dead"}'::text[]) THEN
@@ -880,6 +944,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fsmc$
 DECLARE
+    v_at timestamptz;
     v_event text;
     v_move pg_catalog.jsonb;
     v_spent boolean;
@@ -887,7 +952,7 @@ BEGIN
     IF NEW.state IS NOT DISTINCT FROM OLD.state AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version THEN
         RETURN NULL;  -- not a move (an UPDATE of the whole row); a count's change alone the guard refused
     END IF;
-    SELECT e.event INTO v_event FROM task_events AS e
+    SELECT e.event, e.at INTO v_event, v_at FROM task_events AS e
     WHERE e.task_id = NEW.id AND e.version = NEW.state_version
       AND e.from_state = OLD.state AND e.to_state = NEW.state;
     IF NOT FOUND THEN
@@ -896,9 +961,26 @@ BEGIN
                              NEW.id, OLD.state, NEW.state, NEW.state_version),
             HINT = 'move rows with task_apply, which appends the event row';
     END IF;
+    -- An event row written before the row reached the state it moves from (it waited
+    -- behind another transaction's move to it): its stay there would end before it began.
+    IF v_at < OLD.entered_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = pg_catalog.format('task %s: the event row of version %s was written at %s, before the row entered state "%s" at %s (another transaction moved it there meanwhile)',
+                             NEW.id, NEW.state_version, v_at, OLD.state, OLD.entered_at),
+            HINT = 'retry the transaction: write the event row once the row is this transaction''s';
+    END IF;
+    v_move := '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (OLD.state || ' ' || v_event);
+    -- A timed event fires once its row is due, by any path: its event row says when it
+    -- fired (the log's time is the database's), and that is not before the due time.
+    IF v_move OPERATOR(pg_catalog.?) 'd'::pg_catalog.text AND OLD.due_at > v_at THEN
+        RAISE EXCEPTION USING ERRCODE = '23F08',
+            MESSAGE = pg_catalog.format('task %s: event "%s" in state "%s" is not due until %s (it fired at %s)',
+                             NEW.id, v_event, OLD.state, OLD.due_at, v_at),
+            DETAIL = pg_catalog.format('state=%s event=%s due_at=%s', OLD.state, v_event, OLD.due_at),
+            HINT = 'move rows with task_apply or task_claim, which wait for the due time';
+    END IF;
     -- The budgets at the row's old version decide: a spent one sends the row to the
     -- otherwise (which counts nothing), one left to a target; a reset gives counts back.
-    v_move := '{"new acquire": {"s": "acquired", "t": {"acquired": "enter"}}, "acquired begin": {"s": "working", "t": {"working": "stay"}}, "acquired expire": {"s": "new", "t": {"new": "leave"}}, "working complete": {"s": "done", "t": {"done": "leave"}}, "acquired fail": {"s": "failed", "t": {"failed": "leave"}}, "working fail": {"s": "failed", "t": {"failed": "leave"}}, "failed retry": {"s": "new", "t": {"new": "none"}, "o": "dead", "ol": "none", "b": "retry", "d": 1}, "failed give_up": {"s": "dead", "t": {"dead": "none"}}}'::pg_catalog.jsonb OPERATOR(pg_catalog.->) (OLD.state || ' ' || v_event);
     v_spent := coalesce((v_move OPERATOR(pg_catalog.?) 'o'::pg_catalog.text) AND CASE v_move OPERATOR(pg_catalog.->>) 'b'::pg_catalog.text WHEN 'retry' THEN OLD.retry_count >= 5 END, false);
     IF v_move OPERATOR(pg_catalog.?) 'o'::pg_catalog.text
        -- (Each CASE in parentheses: PL/pgSQL ends an IF's condition at the first THEN outside them.)
@@ -1064,25 +1146,16 @@ DO $fsmc$
 DECLARE
     v_role pg_catalog.text := task_fsmc_writer();
     v_schema pg_catalog.text := pg_catalog.current_schema();
-    v_function record;
+    v_function pg_catalog.text;
 BEGIN
     EXECUTE pg_catalog.format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', v_schema, v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON TABLE %I.%I TO %I', v_schema, 'tasks', v_role);
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT ON TABLE %I.%I TO %I', v_schema, 'task_events', v_role);
-    FOR v_function IN
-        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
-        FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
-          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"task_apply","task_claim","task_heartbeat","task_reclaim","task_guard_update","task_purge"}'::pg_catalog.text[]::pg_catalog.name[])
-    LOOP
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_apply","task_claim","task_heartbeat","task_reclaim","task_guard_update"}'::pg_catalog.text[]) THEN
-            EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) OWNER TO %I',
-                                      v_schema, v_function.proname, v_function.args, v_role);
-        END IF;
-        IF v_function.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY ('{"task_apply","task_claim","task_heartbeat","task_reclaim","task_purge"}'::pg_catalog.text[]) THEN
-            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%I(%s) FROM PUBLIC',
-                                      v_schema, v_function.proname, v_function.args);
-        END IF;
+    FOREACH v_function IN ARRAY '{"task_apply(text, text, bigint, text, jsonb, text)","task_claim(text, text, integer, text)","task_heartbeat(text, bigint)","task_reclaim(interval, text)","task_guard_update()"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%s OWNER TO %I', v_schema, v_function, v_role);
+    END LOOP;
+    FOREACH v_function IN ARRAY '{"task_apply(text, text, bigint, text, jsonb, text)","task_claim(text, text, integer, text)","task_heartbeat(text, bigint)","task_reclaim(interval, text)","task_purge(interval, integer)"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %I.%s FROM PUBLIC', v_schema, v_function);
     END LOOP;
 END
 $fsmc$;
@@ -1091,16 +1164,11 @@ $fsmc$;
 DO $fsmc$
 DECLARE
     v_schema pg_catalog.text := pg_catalog.current_schema();
-    v_function record;
+    v_function pg_catalog.text;
 BEGIN
-    FOR v_function IN
-        SELECT p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
-        FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(v_schema))
-          AND p.proname OPERATOR(pg_catalog.=) ANY ('{"task_fsmc_digest","task_fsmc_format","task_apply","task_heartbeat","task_reclaim","task_claim","task_purge","task_guard_insert","task_guard_update","task_check_logged","task_check_event","task_events_append_only","task_guard_delete","task_fsmc_writer"}'::pg_catalog.text[]::pg_catalog.name[])
-    LOOP
-        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%I(%s) SET search_path = pg_catalog, %I, pg_temp',
-                                  v_schema, v_function.proname, v_function.args, v_schema);
+    FOREACH v_function IN ARRAY '{"task_fsmc_digest()","task_fsmc_format()","task_apply(text, text, bigint, text, jsonb, text)","task_heartbeat(text, bigint)","task_reclaim(interval, text)","task_claim(text, text, integer, text)","task_purge(interval, integer)","task_guard_insert()","task_guard_update()","task_check_logged()","task_check_event()","task_events_append_only()","task_guard_delete()","task_fsmc_writer()"}'::pg_catalog.text[] LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %I.%s SET search_path = pg_catalog, %I, pg_temp',
+                                  v_schema, v_function, v_schema);
     END LOOP;
 END
 $fsmc$;

@@ -168,6 +168,7 @@ from fsmc.targets.sqlstate import Codes
 from fsmc.templating import as_variables, environment, render
 
 TRIPLE = "ARRAY[from_state, event, to_state]"  # what the log's CHECK casts to the moves domain
+STAMP = "pg_catalog.clock_timestamp()"  # a time the database writes: the write's moment
 
 
 # --- typed template contexts ---------------------------------------------------------
@@ -405,8 +406,10 @@ def build(machine: Machine) -> Build:
             Column("state_version", "bigint", not_null=True, default="0"),
             # When the row was born, and when it entered its current state (every move
             # sets it): the first stay of the intervals view, the order of claim and purge.
-            Column("created_at", "timestamptz", not_null=True, default="pg_catalog.now()"),
-            Column("entered_at", "timestamptz", not_null=True, default="pg_catalog.now()"),
+            # The moment the row is written, not its transaction's start: no stamp lies
+            # before its write, however long the writer's transaction has been open.
+            Column("created_at", "timestamptz", not_null=True, default=STAMP),
+            Column("entered_at", "timestamptz", not_null=True, default=STAMP),
             *(claim if m.lease else ()),
             *(Column(cap.column, "integer", not_null=True, default="0") for cap in c.caps),
             *(Column(cap.cap_column, "integer", not_null=True, default=str(cap.limit))
@@ -441,7 +444,9 @@ def build(machine: Machine) -> Build:
             Column("event", "text", not_null=True),
             Column("to_state", "text", not_null=True),
             Column("actor", "text", not_null=True),
-            Column("at", "timestamptz", not_null=True, default="pg_catalog.now()"),
+            # The functions give their moves' time; an event row written by hand gets the
+            # moment it is written.
+            Column("at", "timestamptz", not_null=True, default=STAMP),
             Column("payload", "jsonb"),
         ),
         constraints=(
@@ -543,8 +548,8 @@ def build(machine: Machine) -> Build:
         trigger_function(names.notify, "notify", comment=comments.NOTIFY)
         function(names.claimable_in, Parameter("event", "text"),
                  *(Parameter(str(name), columns.TYPES[declared_types[name]].sql, "NULL") for name in m.postgres.claim_by),
-                 returns="double precision", body=body("claimable_in"), settings=_SEQSCAN_OFF,
-                 comment=comments.CLAIMABLE_IN)  # fmt: skip
+                 returns="double precision", body=body("claimable_in"), attributes=_WRITER,
+                 settings=_SEQSCAN_OFF, comment=comments.CLAIMABLE_IN)  # fmt: skip
 
     born_elsewhere = " OR ".join(
         [
@@ -595,17 +600,20 @@ def build(machine: Machine) -> Build:
         triggers += (
             Trigger(n.notify_insert, n.table, "AFTER", "INSERT", n.notify, when=entered,
                     comment=comments.NOTIFY_TRIGGERS),  # fmt: skip
-            Trigger(n.notify_update, n.table, "AFTER", "UPDATE OF state", n.notify,
-                    when=entered),  # fmt: skip
+            # A row moved into a queue a waiter waits on (a claim.by column set) is new
+            # work there too.
+            Trigger(n.notify_update, n.table, "AFTER", "UPDATE OF " + ", ".join(["state", *m.postgres.claim_by]),
+                    n.notify, when=entered),  # fmt: skip
         )
     schema = Schema(tables, indexes, tuple(f for _, f in functions), triggers, views, domains)
     every = (*dict.fromkeys(raw for raw, _ in functions), *([names.writer] if m.postgres.writer_role else []))
+    signatures = {raw: f.key for raw, f in functions} | ({names.writer: f"{n.writer}()"} if m.postgres.writer_role else {})
     return Build(
         machine=m,
         names=names,
         schema=schema,
         functions=every,
-        install=install(m, names, list(every)),
+        install=install(m, names, signatures),
         body=c,
         triples_hash=triples_hash,
         warnings=tuple(
@@ -815,12 +823,12 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         lease = LeaseContext(
             reclaim=str(m.lease.reclaim),
             in_lease=sql_in("t.state", held),
-            apply_claims=claim_assignments("v_lease", f"{n.apply}.actor", "t"),
-            reclaim_claims=claim_assignments("x.lease", f"{n.reclaim}.actor", "t"),
+            apply_claims=claim_assignments("v_lease", f"{n.apply}.actor", "v_now", "t"),
+            reclaim_claims=claim_assignments("x.lease", f"{n.reclaim}.actor", "GREATEST(v_now, s.entered_at)", "t"),
             moves=[(s, t, c.value) for s, t, c in facts.reclaim_moves(m)],
             guard_change=change_sql("OLD.state", "NEW.state", held),
             # BEFORE (with caps) the guard assigns NEW's fields; AFTER it updates the row.
-            guard_claims=claim_values("v_lease", "SESSION_USER::pg_catalog.text", "OLD" if m.cap_limits else "t"),
+            guard_claims=claim_values("v_lease", "SESSION_USER::pg_catalog.text", "v_at", "OLD" if m.cap_limits else "t"),
             settled=claims_settled("v_lease", "NEW"),
         )
     return BodyContext(
@@ -846,7 +854,7 @@ def body_context(machine: Machine, n: Quoted) -> BodyContext:
         id_type=ID_TYPES[m.postgres.id_type].sql,
         claiming=ClaimContext(
             sources=sources_jsonb(m),
-            claims=claim_assignments("x.lease", f"{n.claim}.actor", "t") if m.lease else [],
+            claims=claim_assignments("x.lease", f"{n.claim}.actor", "x.at", "t") if m.lease else [],
             claimable_array=sql_text_array(claimable),
             in_claimable=sql_among("t.state", claimable, unclaimable),
             index_predicate=sql_among("state", claimable, unclaimable),

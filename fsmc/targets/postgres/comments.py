@@ -91,7 +91,7 @@ PURGE_TICKETS = (
 INTERVALS = (
     "Every stay of every row in a state: the first from created_at (no event brought it",
     "in), each later one from the event that brought it in, to the event that took it out",
-    "(the next version's), or to now() while the row is still there.",
+    "(the next version's), or to the clock while the row is still there.",
 )
 FORMAT = (
     "The format of the schema fsmc built (fsmc.targets.postgres.formats.SCHEMA_FORMAT):",
@@ -155,7 +155,10 @@ CLAIMABLE_IN = (
     "the wait for the earliest due row of a timed event, NULL when none waits (or every",
     "place of a limited state the event moves rows into is taken). The module's",
     "wait_for() reads it after its LISTEN, so a row committed before then is never",
-    "missed. The claim's own predicates, read through the claim's and the due indexes.",
+    "missed. The claim's own predicates, read through the claim's and the due indexes,",
+    "skipping what other transactions hold, as the claim does. The writer's (SECURITY",
+    "DEFINER), to look at the limits' slots as the claim does; EXECUTE granted, as for",
+    "the claim.",
 )
 
 

@@ -106,20 +106,22 @@ def pg_text_array(names: Iterable[str]) -> str:
 # --- the claim rule (fsmc.facts), encoded in SQL ---------------------------------------
 
 
-def claim_assignments(change: str, actor: str, row: str = "") -> list[str]:
+def claim_assignments(change: str, actor: str, now: str, row: str = "") -> list[str]:
     """`column = CASE <change> WHEN 'enter' THEN ... ELSE <row>.column END` for each
     claim column, from `facts.CLAIM_RULE`: `change` is an SQL expression whose value
-    is a `facts.Change`, `actor` one for the actor, `row` the updated row's alias."""
-    return [f"{column} = {value}" for column, value in claim_values(change, actor, row)]
+    is a `facts.Change`, `actor` one for the actor, `now` one for the move's time (the
+    moment the row was written, which its `entered_at` and event row get too), `row`
+    the updated row's alias."""
+    return [f"{column} = {value}" for column, value in claim_values(change, actor, now, row)]
 
 
-def claim_values(change: str, actor: str, row: str = "") -> list[tuple[str, str]]:
+def claim_values(change: str, actor: str, now: str, row: str = "") -> list[tuple[str, str]]:
     """(column, `CASE <change> WHEN 'enter' THEN ... ELSE <row>.column END`) for each
     claim column: `claim_assignments`, for a trigger that assigns NEW's fields."""
     out: list[tuple[str, str]] = []
     for i, column in enumerate(CLAIM_COLUMNS):
         kept = f"{row}.{column}" if row else column
-        values = {Action.ACTOR: actor, Action.NOW: "pg_catalog.now()", Action.CLEAR: "NULL"}
+        values = {Action.ACTOR: actor, Action.NOW: now, Action.CLEAR: "NULL"}
         branches = [
             f"WHEN {sql_str(c.value)} THEN {values[actions[i]]}"
             for c, actions in CLAIM_RULE.items()
@@ -132,10 +134,11 @@ def claim_values(change: str, actor: str, row: str = "") -> list[tuple[str, str]
 def claims_settled(change: str, row: str) -> str:
     """Whether `row`'s claim columns already hold what the claim rule leaves on a move
     of `change` (an SQL expression whose value is a `facts.Change`): the actor's column
-    some claimer (whoever moved the row chose it), the times now(), the cleared ones
-    NULL. The guard of a schema without a writer role stamps a move only where not
-    (the functions' moves are stamped already)."""
-    tests = {Action.ACTOR: "{} IS NOT NULL", Action.NOW: "{} = pg_catalog.now()", Action.CLEAR: "{} IS NULL"}
+    some claimer (whoever moved the row chose it), the times the move's own (its
+    `entered_at`), the cleared ones NULL. The guard of a schema without a writer role
+    stamps a move only where not (the functions' moves are stamped already)."""
+    tests = {Action.ACTOR: "{} IS NOT NULL", Action.NOW: "{} IS NOT DISTINCT FROM " + f"{row}.entered_at",
+             Action.CLEAR: "{} IS NULL"}  # fmt: skip
     branches = []
     for c, actions in CLAIM_RULE.items():
         held = [tests[a].format(f"{row}.{column}") for column, a in zip(CLAIM_COLUMNS, actions, strict=True)

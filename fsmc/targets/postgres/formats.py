@@ -19,7 +19,9 @@ the writer's writes compare CURRENT_USER with a text (format 4: a name); 6: the
 writer role owns the heartbeat and the update guard too, which stamps a direct
 move's times, and the application's grants are column by column (format 5: whole
 tables); 7: `_claim` returns the claimed rows whole, as the table's row type (format 6:
-their ids and versions).
+their ids and versions); 8: the times the database writes are the moment of the write
+(`clock_timestamp()`), not the transaction's start, the columns' defaults included, and
+the event log's own trigger stamps a move by hand (format 7: `now()`).
 
 Identifiers are as SQL spells them (`Names.sql`), as in the model.
 """
@@ -36,7 +38,7 @@ from fsmc.targets.postgres.model import Constraint, Domain, Index, Table, View
 if TYPE_CHECKING:
     from fsmc.targets.postgres.build import Build
 
-SCHEMA_FORMAT = 7
+SCHEMA_FORMAT = 8
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class UpgradeFormat:
     format4: Format4
     format5: Format5
     claim: str  # OLD's `_claim`, its signature: before format 7 it returned (id, state_version)
+    stamp: str  # format 8: what the columns of times default to (`build.STAMP`)
 
 
 def upgrade_format(old: Build) -> UpgradeFormat:
@@ -152,6 +155,7 @@ def upgrade_format(old: Build) -> UpgradeFormat:
             check_logged=n.check_logged,
         ),
         claim=next(f.key for f in schema.functions if f.name == n.claim),
+        stamp=next(c.default for c in schema.table(n.table).columns if c.name == "entered_at") or "",
     )
 
 

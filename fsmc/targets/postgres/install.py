@@ -1,7 +1,7 @@
 """Installing a machine's schema: the writer role, the grants, the search_path pin.
 
-In: a checked `Machine`, its `Names` and the raw names of every function its schema
-creates (`build` knows them). Out: `Install`, the statements that make or check the
+In: a checked `Machine`, its `Names` and the signature of every function its schema
+creates, by raw name (`build` knows them). Out: `Install`, the statements that make or check the
 writer role (before anything is created), give it the moving functions and pin every
 function's search_path (after), rendered from templates/install.sql.j2 with an
 `InstallContext`; and the application's grants. The SQL is the template's: nothing
@@ -46,6 +46,7 @@ import jinja2
 
 from fsmc.escape import sql_ident
 from fsmc.model import Machine
+from fsmc.targets.common import ID_TYPES
 from fsmc.targets.postgres.encode import pg_text_array
 from fsmc.targets.postgres.names import Names, Quoted, cap_column, count_column
 from fsmc.templating import as_variables, environment
@@ -61,12 +62,13 @@ class InstallContext:
     table: str  # raw, for %I
     events_table: str  # raw, for %I
     limits_table: str  # 1.2: the limits' slots table, raw, for %I ("" without limits)
-    granted: str  # every function the writer owns or EXECUTE is granted on (a text[])
+    # Functions by signature (`name(types)`, the name as SQL spells it), never by name
+    # alone: in a schema others may create in, a name may be another role's overload too.
     owned: str  # `writer_functions`, a text[]
     definers: str  # `callable_functions`, a text[]
     functions: str  # every function of the schema, a text[]: the pin's
     writes: tuple[str, str]  # `app_writes`
-    executable: list[str]  # `callable_functions` as SQL spells them
+    executable: list[str]  # `callable_functions`' signatures
     writer_role: bool  # 1.2's `postgres.writer_role`: false, no role, nothing owned by one
 
 
@@ -90,26 +92,33 @@ class Install:
 
 def writer_functions(machine: Machine, n: Names) -> list[str]:
     """The functions the writer role owns (raw): those that move rows, the heartbeat,
-    and the guard, which stamps a direct move's times. They write the columns the
-    database keeps (`entered_at`, the claim columns), on which the application role
-    has no grant: their values are the database's, never a caller's. None without a
-    writer role: they stay the installer's."""
+    the guard, which stamps a direct move's times, and the wake-ups' question, which
+    looks at the limits' slots as a claim does. They write the columns the database
+    keeps (`entered_at`, the claim columns), on which the application role has no
+    grant: their values are the database's, never a caller's. None without a writer
+    role: they stay the installer's."""
     if not machine.postgres.writer_role:
         return []
-    return [*n.movers(machine.lease is not None), n.guard_update]
+    return [*n.movers(machine.lease is not None), n.guard_update, *_asked(machine, n)]
 
 
 def callable_functions(machine: Machine, n: Names) -> list[str]:
     """The SECURITY DEFINER functions an application calls (raw): EXECUTE on them is
     granted, never PUBLIC's (the writer's, and purge, which the owner keeps)."""
-    return [*n.movers(machine.lease is not None), n.purge]
+    return [*n.movers(machine.lease is not None), n.purge, *_asked(machine, n)]
+
+
+def _asked(machine: Machine, n: Names) -> list[str]:
+    """`postgres.notify`'s `_claimable_in`, which a waiting worker asks (raw)."""
+    return [n.claimable_in] if machine.notified else []
 
 
 def app_writes(machine: Machine, n: Names) -> tuple[str, str]:
     """The application's column privileges on the machine's table and on its event log
     (`app_grants`), which `fsmc migrate` grants again to the roles that move rows.
 
-    Column by column: the application may give a new row its id and (an initial) state,
+    Column by column: the application may give a new row its id (where the database
+    makes none: a bigint id is its sequence's) and (an initial) state,
     and move a row by hand (state, state_version and a capped event's count, which the
     guard checks); every other column is the database's. So a row's id and
     `created_at` never change, `entered_at` and the claim columns are stamped by the
@@ -125,15 +134,18 @@ def app_writes(machine: Machine, n: Names) -> tuple[str, str]:
     logged = [n.sql.id_column, "version", "from_state", "event", "to_state", "actor", "payload"]
     # 1.2: the row's own data is the application's to write, at insert and after.
     data = [str(c.name) for c in machine.postgres.columns]
+    # A new row's id, unless the database's sequence makes them (`ID_TYPES`' `given`).
+    ids = ["id"] if ID_TYPES[machine.postgres.id_type].given else []
     return (
-        f"INSERT ({', '.join(['id', 'state', *caps, *data])}), UPDATE ({', '.join(['state', 'state_version', *counts, *data])})",
+        f"INSERT ({', '.join([*ids, 'state', *caps, *data])}), UPDATE ({', '.join(['state', 'state_version', *counts, *data])})",
         f"INSERT ({', '.join(logged)})",
     )
 
 
-def install(machine: Machine, n: Names, functions: list[str]) -> Install:
-    """The installation's statements for `machine`, whose schema creates `functions`
-    (raw names, the writer's name function included)."""
+def install(machine: Machine, n: Names, signatures: dict[str, str]) -> Install:
+    """The installation's statements for `machine`, whose schema creates the functions
+    of `signatures` (raw name -> `name(types)` as SQL spells it; the writer's name
+    function included)."""
     owned, definers = writer_functions(machine, n), callable_functions(machine, n)
     context = InstallContext(
         machine=str(machine.name),
@@ -142,12 +154,11 @@ def install(machine: Machine, n: Names, functions: list[str]) -> Install:
         table=n.table,
         events_table=n.events_table,
         limits_table=n.limits if machine.state_limits else "",
-        granted=pg_text_array(dict.fromkeys(owned + definers)),
-        owned=pg_text_array(owned),
-        definers=pg_text_array(definers),
-        functions=pg_text_array(functions),
+        owned=pg_text_array(signatures[f] for f in owned),
+        definers=pg_text_array(signatures[f] for f in definers),
+        functions=pg_text_array(signatures.values()),
         writes=app_writes(machine, n),
-        executable=[sql_ident(f) for f in definers],
+        executable=[signatures[f] for f in definers],
         writer_role=machine.postgres.writer_role,
     )
     macros = _template().make_module(vars=as_variables(context))
@@ -169,7 +180,7 @@ def app_grants(install: Install, schema: str, role: str) -> list[str]:
 def _grants(context: InstallContext, s: str, r: str) -> tuple[str, ...]:
     """The grants macro for a schema and a role as SQL spells them (or placeholders)."""
     macros = _template().make_module(vars=as_variables(context))
-    return tuple(_call(macros, "grants", s, r).split("\n"))
+    return tuple(line for line in _call(macros, "grants", s, r).split("\n") if line)
 
 
 def _call(macros: jinja2.environment.TemplateModule, name: str, *args: str) -> str:

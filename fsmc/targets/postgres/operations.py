@@ -428,7 +428,7 @@ class GrantMovers:
     apply: Function  # NEW's `_apply`
     table: str
     events_table: str
-    functions: tuple[str, ...]  # `install.callable_functions`
+    functions: tuple[str, ...]  # `install.callable_functions`, each by its signature
     writes: tuple[str, str]  # `install.app_writes`
     limits_table: str = ""  # 1.2: the limits' slots, which the movers may read ("" without limits)
 
