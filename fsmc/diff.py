@@ -156,8 +156,8 @@ class Option:
     column (`postgres.columns.<name>`) follows `_column_options`. Every other
     option change is breaking: a table or id type that code and rows rely on moves,
     the heartbeat and reclaim contract changes, or (1.2's `postgres.claim.order`)
-    which rows a claim takes first; columns added to `postgres.claim.by` alone are
-    compatible (claim() takes more keywords, each None unless given)."""
+    which rows a claim takes first; columns added after `postgres.claim.by`'s own
+    are compatible (claim() takes more keywords, each None unless given)."""
 
     name: str  # lease.states, lease.reclaim, postgres.table, postgres.columns.args, caps.retry, ...
     old: Value
@@ -475,9 +475,13 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
 
 
 def _more_by(old: Machine, new: Machine) -> bool:
-    """Whether NEW's claim may be limited to every column OLD's could, and more: a
-    column dropped from `claim.by` breaks the callers that pass it."""
-    return set(old.postgres.claim_by) <= set(new.postgres.claim_by)
+    """Whether NEW's claim may be limited to every column OLD's could, in the same
+    places, and more after them. A column dropped from `claim.by` breaks the callers
+    that pass it; one put before OLD's, or OLD's reordered, breaks them too: the
+    claim function takes its columns by position, after its own parameters, so the
+    old module's call would pass its `queue` as the new `kind`."""
+    was, now = old.postgres.claim_by, new.postgres.claim_by
+    return tuple(now[: len(was)]) == tuple(was)
 
 
 def _cap(m: Machine, event: str) -> tuple[int, int] | None:

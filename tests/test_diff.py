@@ -621,13 +621,20 @@ def test_a_default_cannot_break_a_line_or_drive_a_terminal(fsmc, tmp_path) -> No
     assert all(line.startswith("--") for line in script.partition("\nBEGIN;\n")[0].splitlines() if line)
 
 
-def test_a_claim_limited_to_more_columns_is_compatible_one_limited_to_fewer_or_reordered_is_not() -> None:
+def test_a_claim_limited_to_more_columns_is_compatible_one_limited_to_fewer_or_reordered_is_not(tmp_path: Path) -> None:
     found = {o.name: (o.old, o.new, o.breaking) for o in changes_of("claim").options}
     assert found == {"postgres.claim.by": (("queue",), ("queue", "kind"), False),
                      "postgres.claim.order": (None, "priority", True)}  # fmt: skip
     old, new = machine(CASES / "claim" / "old.yaml"), machine(CASES / "claim" / "new.yaml")
     assert {o.name: o.breaking for o in compare(new, old).options} == {
         "postgres.claim.by": True, "postgres.claim.order": True}  # fmt: skip
+    # A column put before the others moves theirs, as a reorder does: the old module's
+    # positional call would pass its queue as the kind (compared by the diff alone).
+    before = tmp_path / "before.yaml"
+    before.write_text((CASES / "claim" / "new.yaml").read_text().replace("by: [queue, kind]", "by: [kind, queue]"))
+    first = compare(old, machine(before)).options
+    assert [(o.name, o.old, o.new, o.breaking) for o in first if o.name == "postgres.claim.by"] == [
+        ("postgres.claim.by", ("queue",), ("kind", "queue"), True)]  # fmt: skip
 
 
 
@@ -684,8 +691,10 @@ def test_a_list_valued_option_is_a_json_list_added_removed_or_reordered(option: 
         assert doc["options"] == [{"name": n, "old": was, "new": now, "breaking": breaking} for n in names]
     doc = _json_diff(fsmc, more, _spec_with(tmp_path, option, reordered, "reordered"))
     if option == "postgres.claim.by":
-        # Listed in order (they key the claim's index), so another order is a change.
-        assert doc["options"] == [{"name": option, "old": long, "new": reordered, "breaking": False}]
+        # Listed in order, so another order is a change; and a breaking one: the claim
+        # function takes its columns by position, so a caller built from OLD would pass
+        # its queue as the kind.
+        assert doc["options"] == [{"name": option, "old": long, "new": reordered, "breaking": True}]
     elif option == "initials":
         # A set whose first is the default: the same states reordered change the default alone.
         assert (doc["options"], doc["initial"]) == ([], {"old": "available", "new": "retryable"})
