@@ -21,9 +21,13 @@ they alter no behaviour. The lease and postgres options are compared too, as
 `options` (`fsmc migrate` acts on them, so a diff that called such a pair "the
 same" would hide a schema change): each option by its effective value, defaults
 applied, so writing out a default is no change; caps are options `caps.<event>`, and
-1.2's declared columns options `postgres.columns.<name>`, each shown as its table
-declares it (`smallint NOT NULL DEFAULT 0`; `none` where a side has no such column)
-and compared by name, so reordering them is no change.
+1.2's declared columns options `postgres.columns.<name>`, each as its table declares
+it (`smallint NOT NULL DEFAULT 0`; None where a side has no such column) and compared
+by name, so reordering them is no change. An option's value is data, never display
+text (`Value`): a list of names stays a tuple (a set-like one, `initials`, `purgeable`,
+`lease.states`, `postgres.notify` or a `reset`, compared as a set, so listing it in
+another order is no change; `postgres.claim.by` as listed), a wait is its `Timer`, a cap
+per row a `PerRowCap`, a column its `Column`; `fsmc.diff_render` decides how each reads.
 
 Each change says whether it is `breaking`: removing a state, an event or a
 transition, retargeting, changing the initial state, making a state that OLD
@@ -58,6 +62,7 @@ from typing import TypeVar
 
 from fsmc.model import Declaration, DeclaredColumn, Machine, Timer
 from fsmc.targets.postgres.build import declared_column
+from fsmc.targets.postgres.model import Column
 
 K = TypeVar("K", str, tuple[str, str])
 
@@ -123,23 +128,40 @@ class Initial:
 
 
 @dataclass(frozen=True)
+class PerRowCap:
+    """1.2's cap per row (`caps: {event: {default, max}}`): the cap a row gets unless
+    it is given one, and the most it may be given."""
+
+    default: int
+    most: int
+
+
+# An option's effective value, as data: a name or a number (`postgres.table`,
+# `limits.<state>`, a plain cap), a bool (`postgres.writer_role`), a list of names
+# (`initials`, `purgeable`, `lease.states`, `postgres.notify`, `postgres.claim.by`,
+# `<from>.<event>.reset`; () where it names none), a wait (`<from>.<event>.after`), a
+# cap per row, or a declared column as its table declares it; None where the side has
+# none (no lease, no cap, no wait, no such column). The renderers choose how each reads.
+Value = str | int | bool | tuple[str, ...] | Timer | PerRowCap | Column | None
+
+
+@dataclass(frozen=True)
 class Option:
-    """A lease, postgres or caps option whose effective value changed (None: no
-    lease, no cap, no such column).
+    """A lease, postgres or caps option whose effective value changed (`Value`).
 
     Adding a lease where there was none is compatible (columns and functions are
-    added). A cap (`caps.<event>`, an int) added or lowered is breaking (rows that
+    added). A cap (`caps.<event>`: its number, or a `PerRowCap`) added or lowered is breaking (rows that
     could still fire the event no longer can), raised or removed is not;
     `postgres.notify` changes are compatible (`_COMPATIBLE`). A declared
     column (`postgres.columns.<name>`) follows `_column_options`. Every other
     option change is breaking: a table or id type that code and rows rely on moves,
     the heartbeat and reclaim contract changes, or (1.2's `postgres.claim.order`)
-    which rows a claim takes first; columns added to `postgres.claim.by` alone are
-    compatible (claim() takes more keywords, each None unless given)."""
+    which rows a claim takes first; columns added after `postgres.claim.by`'s own
+    are compatible (claim() takes more keywords, each None unless given)."""
 
     name: str  # lease.states, lease.reclaim, postgres.table, postgres.columns.args, caps.retry, ...
-    old: str | int | None
-    new: str | int | None
+    old: Value
+    new: Value
     breaking: bool
 
 
@@ -386,14 +408,15 @@ def _choices(
     return tuple(out)
 
 
-def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
-    """Each option's value as shown, and the key it is compared by."""
+def _option_values(m: Machine) -> dict[str, tuple[Value, object]]:
+    """Each option's value, and the key it is compared by."""
     lease = m.lease
     # The lease states are a set: listing them in another order changes nothing
     # (and `fsmc migrate` agrees: the machine digest sorts them).
-    states = (", ".join(lease.states), frozenset(lease.states)) if lease else (None, None)
+    listed = _names(lease.states) if lease else None
+    states = (listed, None if listed is None else frozenset(listed))
     reclaim = str(lease.reclaim) if lease else None
-    out: dict[str, tuple[str | int | None, object]] = {
+    out: dict[str, tuple[Value, object]] = {
         "lease.states": states,
         "lease.reclaim": (reclaim, reclaim),
         "postgres.table": (str(m.postgres.table),) * 2,
@@ -401,16 +424,21 @@ def _option_values(m: Machine) -> dict[str, tuple[str | int | None, object]]:
         "postgres.id_type": (m.postgres.id_type,) * 2,
         # 1.2: the schema the module names by default (its callers' calls move with it)
         "postgres.schema": (str(m.postgres.schema),) * 2,
-        # The events that send wake-ups, a set; None without any.
-        "postgres.notify": (", ".join(m.notified) or None, frozenset(m.notified)),
+        # The events that send wake-ups, a set; () without any.
+        "postgres.notify": (_names(m.notified), frozenset(m.notified)),
         # 1.2: the columns a claim may be limited to (as listed: they key its index) and
         # the one it takes the lowest of first
-        "postgres.claim.by": (", ".join(m.postgres.claim_by) or None,) * 2,
+        "postgres.claim.by": (_names(m.postgres.claim_by),) * 2,
         "postgres.claim.order": (None if m.postgres.claim_order is None else str(m.postgres.claim_order),) * 2,
         # 1.2: a writer role or none: another installation, which `fsmc migrate` refuses
-        "postgres.writer_role": (str(m.postgres.writer_role).lower(),) * 2,
+        "postgres.writer_role": (m.postgres.writer_role,) * 2,
     }
     return out
+
+
+def _names(names: Iterable[str]) -> tuple[str, ...]:
+    """Names as plain strings, in the order given (a `Text` keeps its marks otherwise)."""
+    return tuple(str(n) for n in names)
 
 
 # Options whose every change is compatible. `postgres.notify`: wake-ups added or taken
@@ -435,7 +463,7 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
         if was != now:
             # Lowered: the default or (for a cap per row) the max a row may be given.
             lowered = now is not None and (was is None or now[0] < was[0] or now[1] < was[1])
-            options.append(Option(f"caps.{event}", _shown(old, event), _shown(new, event), lowered))
+            options.append(Option(f"caps.{event}", _cap_value(old, event), _cap_value(new, event), lowered))
     options += _budget_options(old, new)
     options += _column_options(old, new)
     for state in dict.fromkeys([*new.state_limits, *old.state_limits]):
@@ -447,9 +475,13 @@ def _options(old: Machine, new: Machine) -> tuple[Option, ...]:
 
 
 def _more_by(old: Machine, new: Machine) -> bool:
-    """Whether NEW's claim may be limited to every column OLD's could, and more: a
-    column dropped from `claim.by` breaks the callers that pass it."""
-    return set(old.postgres.claim_by) <= set(new.postgres.claim_by)
+    """Whether NEW's claim may be limited to every column OLD's could, in the same
+    places, and more after them. A column dropped from `claim.by` breaks the callers
+    that pass it; one put before OLD's, or OLD's reordered, breaks them too: the
+    claim function takes its columns by position, after its own parameters, so the
+    old module's call would pass its `queue` as the new `kind`."""
+    was, now = old.postgres.claim_by, new.postgres.claim_by
+    return tuple(now[: len(was)]) == tuple(was)
 
 
 def _cap(m: Machine, event: str) -> tuple[int, int] | None:
@@ -459,10 +491,10 @@ def _cap(m: Machine, event: str) -> tuple[int, int] | None:
     return m.cap_limits[event], m.per_row_caps.get(event, m.cap_limits[event])
 
 
-def _shown(m: Machine, event: str) -> str | int | None:
-    """A cap as a diff shows it: the number, or (1.2) `25 per row, at most 1000`."""
+def _cap_value(m: Machine, event: str) -> int | PerRowCap | None:
+    """A cap as the spec gives it: the number, or (1.2) a cap per row."""
     if event in m.per_row_caps:
-        return f"{m.cap_limits[event]} per row, at most {m.per_row_caps[event]}"
+        return PerRowCap(m.cap_limits[event], m.per_row_caps[event])
     return m.cap_limits.get(event)
 
 
@@ -479,13 +511,11 @@ def _budget_options(old: Machine, new: Machine) -> list[Option]:
         elif was and now and was[1] != now[1]:
             out.append(Option(f"{s}.{e}.spent", was[1], now[1], True))
         wait, now_wait = old.timers.get((s, e)), new.timers.get((s, e))
-        if wait != now_wait and (wait is None or now_wait is None or wait.describe() != now_wait.describe()):
-            out.append(Option(f"{s}.{e}.after", None if wait is None else wait.describe(),
-                              None if now_wait is None else now_wait.describe(), _longer(wait, now_wait)))  # fmt: skip
-        before, after = set(old.resets.get((s, e), ())), set(new.resets.get((s, e), ()))
-        if before != after:
-            out.append(Option(f"{s}.{e}.reset", ", ".join(old.resets.get((s, e), ())) or None,
-                              ", ".join(new.resets.get((s, e), ())) or None, bool(before - after)))  # fmt: skip
+        if wait != now_wait:  # a Timer compares by its wait alone
+            out.append(Option(f"{s}.{e}.after", wait, now_wait, _longer(wait, now_wait)))
+        was_reset, reset = _names(old.resets.get((s, e), ())), _names(new.resets.get((s, e), ()))
+        if set(was_reset) != set(reset):  # a set: listed in another order is no change
+            out.append(Option(f"{s}.{e}.reset", was_reset, reset, bool(set(was_reset) - set(reset))))
     return out
 
 
@@ -512,9 +542,9 @@ def _column_options(old: Machine, new: Machine) -> list[Option]:
     return out
 
 
-def _declared_as(column: DeclaredColumn | None) -> str | None:
-    """`smallint NOT NULL DEFAULT 0`: a declared column as the table declares it."""
-    return None if column is None else declared_column(column).declaration
+def _declared_as(column: DeclaredColumn | None) -> Column | None:
+    """A declared column as its table declares it (`smallint NOT NULL DEFAULT 0`)."""
+    return None if column is None else declared_column(column)
 
 
 def _set_options(old: Machine, new: Machine) -> list[Option]:
@@ -524,15 +554,15 @@ def _set_options(old: Machine, new: Machine) -> list[Option]:
     1.2 form: a 1.1 spec's initial and terminals have changes of their own."""
     out: list[Option] = []
     if len(old.initial_names) > 1 or len(new.initial_names) > 1:
+        # A set: the default (listed first) is `initial`'s to compare, so listing the
+        # same states in another order changes the default alone.
         was, now = set(old.initial_names), set(new.initial_names)
         if was != now:
-            out.append(Option("initials", ", ".join(old.initial_names), ", ".join(new.initial_names),
-                              bool(was - now)))  # fmt: skip
+            out.append(Option("initials", old.initial_names, new.initial_names, bool(was - now)))
     if old.purgeable is not None or new.purgeable is not None:
         was, now = set(old.purgeable_names), set(new.purgeable_names)
         if was != now:
-            out.append(Option("purgeable", ", ".join(old.purgeable_names),
-                              ", ".join(new.purgeable_names), bool(now - was)))  # fmt: skip
+            out.append(Option("purgeable", old.purgeable_names, new.purgeable_names, bool(now - was)))
     return out
 
 

@@ -14,6 +14,19 @@
               section 5's keys), then `notes`: a list of `{about, names, text}`
               (`about` names the change list the note is about: `states.added`)
 
+An option's `old` and `new` in JSON are data, never display text (`_value_json`):
+a list of names (`initials`, `purgeable`, `lease.states`, `postgres.notify`,
+`postgres.claim.by`, `<from>.<event>.reset`) is a list, `[]` where it names none and
+null only for `lease.states` without a lease; a wait (`<from>.<event>.after`) is
+`{"kind": "due_at"}`, `{"kind": "delay", "ms": 30000}` or `{"kind": "backoff", "ms":
+1000, "factor": 2, "max_ms": 3600000}` (`ms` the first wait); a cap is its number, or
+`{"default": 25, "max": 1000}` for a cap per row; a declared column is `{"type":
+"smallint", "nullable": false, "default": "0"}` (`default` the SQL expression its
+table declares, null for none); `postgres.writer_role` a boolean; other values a
+name or a number. Text and Markdown read each as before (`_shown`): `claimed,
+running`, `1s x2 up to 1h`, `25 per row, at most 1000`, `smallint NOT NULL DEFAULT
+0`, `none`.
+
 Text and Markdown list changes in one order (`rows`): states, events, terminals,
 the initial state, transitions added, removed and retargeted, choices, then options
 (1.2's declared columns among them as rows of their own, added, removed or changed,
@@ -33,9 +46,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from fsmc.diff import COLUMNS, Changes, Edge, Names, Option
+from fsmc.diff import COLUMNS, Changes, Edge, Names, Option, PerRowCap, Value
 from fsmc.escape import md_text, py_str
+from fsmc.model import Timer
 from fsmc.targets.mermaid import state_ids
+from fsmc.targets.postgres.model import Column
 from fsmc.templating import render as render_template
 
 
@@ -109,10 +124,10 @@ def rows(changes: Changes) -> list[Row]:
 def _column_row(o: Option) -> Row:
     """A declared column added (its declaration), removed (what it was), or changed."""
     if o.old is None:
-        return Row("column", "added", o.name, str(o.new), o.breaking)
+        return Row("column", "added", o.name, _shown(o.new), o.breaking)
     if o.new is None:
-        return Row("column", "removed", o.name, f"was {o.old}", o.breaking)
-    return Row("column", "changed", o.name, f"{o.old} -> {o.new}", o.breaking)
+        return Row("column", "removed", o.name, f"was {_shown(o.old)}", o.breaking)
+    return Row("column", "changed", o.name, f"{_shown(o.old)} -> {_shown(o.new)}", o.breaking)
 
 
 def _targets(targets: tuple[str, ...]) -> str:
@@ -120,8 +135,22 @@ def _targets(targets: tuple[str, ...]) -> str:
     return targets[0] if len(targets) == 1 else f"[{', '.join(targets)}]"
 
 
-def _shown(value: str | int | None) -> str:
-    return "none" if value is None else str(value)
+def _shown(value: Value) -> str:
+    """An option's value as text and Markdown read it: `none`, `claimed, running`,
+    `1s x2 up to 1m`, `25 per row, at most 1000`, `smallint NOT NULL DEFAULT 0`."""
+    if value is None or value == ():
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ", ".join(value)
+    if isinstance(value, Timer):
+        return value.describe()
+    if isinstance(value, PerRowCap):
+        return f"{value.default} per row, at most {value.most}"
+    if isinstance(value, Column):
+        return value.declaration
+    return str(value)
 
 
 def _name_rows(kind: str, names: Names) -> list[Row]:
@@ -337,7 +366,7 @@ def as_json(changes: Changes) -> str:
         },
         "initial": None if c.initial is None else {"old": c.initial.old, "new": c.initial.new},
         "options": [
-            {"name": o.name, "old": o.old, "new": o.new, "breaking": o.breaking}
+            {"name": o.name, "old": _value_json(o.old), "new": _value_json(o.new), "breaking": o.breaking}
             for o in c.options
         ],
         "choices": [
@@ -371,3 +400,28 @@ def _names(names: Names) -> dict[str, list[str]]:
 
 def _edge_json(e: Edge) -> dict[str, object]:
     return {"from": e.source, "event": e.event, "to": e.target, "breaking": e.breaking}
+
+
+def _value_json(value: Value) -> object:
+    """An option's value as JSON holds it (the shapes the module doc lists): a list of
+    names is a list, a wait or a cap per row or a column an object; never display text."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Timer):
+        return _wait_json(value)
+    if isinstance(value, PerRowCap):
+        return {"default": value.default, "max": value.most}
+    if isinstance(value, Column):
+        return {"type": value.type, "nullable": not value.not_null, "default": value.default}
+    return value
+
+
+def _wait_json(t: Timer) -> dict[str, object]:
+    """`{"kind": "due_at"}`, `{"kind": "delay", "ms": 30000}`, or `{"kind": "backoff",
+    "ms": 1000, "factor": 2, "max_ms": 60000}` (`ms`: the first wait)."""
+    if t.kind == "due_at":
+        return {"kind": "due_at"}
+    if t.kind == "delay":
+        return {"kind": "delay", "ms": t.ms}
+    factor = int(t.factor) if t.factor == int(t.factor) else t.factor
+    return {"kind": "backoff", "ms": t.ms, "factor": factor, "max_ms": t.most_ms}

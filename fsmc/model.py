@@ -10,7 +10,7 @@ the author wrote. Nothing here reports diagnostics; nothing here raises for inpu
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -70,7 +70,9 @@ class Timer:
     ms: int = 0
     factor: float = 1.0
     most_ms: int = 0
-    pos: Pos = (1, 1)  # the `after` node, for rules about it
+    # The `after` node, for rules about it; not part of the wait, so two timers are
+    # equal when they wait alike wherever they are written.
+    pos: Pos = field(default=(1, 1), compare=False)
 
     def describe(self) -> str:
         """As a diagram and a diff say it: `30s`, `due_at`, `1s x2 up to 1h`."""

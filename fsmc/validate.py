@@ -299,7 +299,8 @@ def uncapped_budget(m: Machine, g: Any) -> Iterator[Diagnostic]:
 
 
 def timer_conflict(m: Machine, g: Any) -> Iterator[Diagnostic]:
-    """A state is left by one timed transition at most: its row has one due time."""
+    """A state is left by one timed transition at most: its row has one due time. The
+    message names both events, the first's and the second's (at whose `after` it points)."""
     first: dict[str, Transition] = {}
     for t in m.transitions:
         if t.after is None:
@@ -309,8 +310,9 @@ def timer_conflict(m: Machine, g: Any) -> Iterator[Diagnostic]:
             yield _at(
                 m, t.after.pos, codes.TIMER_CONFLICT,
                 f"transitions[{t.index}].after: state '{t.source}' already has a timed transition "
-                f"out (transitions[{earlier.index}], on '{earlier.event}'); a row in a state has one "
-                "due time, so at most one of its ways out may wait for it",
+                f"out (transitions[{earlier.index}], on '{earlier.event}'), so the one on '{t.event}' "
+                "cannot wait too; a row in a state has one due time, so at most one of its ways out "
+                "may wait for it",
             )  # fmt: skip
 
 

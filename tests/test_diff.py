@@ -19,14 +19,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fsmc.diff import Changes, compare
+from fsmc.diff import Changes, Value, compare
 from fsmc.diff_render import as_text
 from fsmc.model import Machine
 from fsmc.pipeline import check
 from fsmc.source import read
+from fsmc.targets.postgres.model import Column
 from tests.conftest import ROOT
 
 CASES = ROOT / "tests" / "diff_cases"
@@ -539,7 +541,11 @@ def test_an_added_state_beside_a_new_cap_is_released_on_its_own_first(tmp_path) 
 
 
 def test_declared_columns_say_what_breaks_each_as_its_table_declares_it() -> None:
-    found = {o.name: (o.old, o.new, o.breaking) for o in changes_of("columns").options}
+    def declared(value: Value) -> str | None:
+        assert value is None or isinstance(value, Column)  # a column's value is its Column
+        return None if value is None else value.declaration
+
+    found = {o.name: (declared(o.old), declared(o.new), o.breaking) for o in changes_of("columns").options}
     assert found == {
         "postgres.columns.queue": ("text NOT NULL DEFAULT 'default'", "text NOT NULL DEFAULT 'emails'", False),
         "postgres.columns.priority": ("smallint NOT NULL DEFAULT 0", "integer NOT NULL DEFAULT 0", True),
@@ -604,7 +610,8 @@ def test_a_default_cannot_break_a_line_or_drive_a_terminal(fsmc, tmp_path) -> No
     (tmp_path / "new.yaml").write_text(text)
     [queue] = [o for o in compare(machine(folder / "old.yaml"), machine(tmp_path / "new.yaml")).options
                if o.name.endswith(".queue")]  # fmt: skip
-    assert queue.new == "text NOT NULL DEFAULT E'a''b\\\\\\nDROP TABLE jobs; --\\x1b[31m\\u202e'"
+    assert isinstance(queue.new, Column)
+    assert queue.new.declaration == "text NOT NULL DEFAULT E'a''b\\\\\\nDROP TABLE jobs; --\\x1b[31m\\u202e'"
     for fmt in FORMATS:
         out = fsmc("diff", folder / "old.yaml", tmp_path / "new.yaml", "--format", fmt).out
         assert "\x1b" not in out and "\u202e" not in out and "\nDROP" not in out, fmt
@@ -614,10 +621,139 @@ def test_a_default_cannot_break_a_line_or_drive_a_terminal(fsmc, tmp_path) -> No
     assert all(line.startswith("--") for line in script.partition("\nBEGIN;\n")[0].splitlines() if line)
 
 
-def test_a_claim_limited_to_more_columns_is_compatible_one_limited_to_fewer_or_reordered_is_not() -> None:
+def test_a_claim_limited_to_more_columns_is_compatible_one_limited_to_fewer_or_reordered_is_not(tmp_path: Path) -> None:
     found = {o.name: (o.old, o.new, o.breaking) for o in changes_of("claim").options}
-    assert found == {"postgres.claim.by": ("queue", "queue, kind", False),
+    assert found == {"postgres.claim.by": (("queue",), ("queue", "kind"), False),
                      "postgres.claim.order": (None, "priority", True)}  # fmt: skip
     old, new = machine(CASES / "claim" / "old.yaml"), machine(CASES / "claim" / "new.yaml")
     assert {o.name: o.breaking for o in compare(new, old).options} == {
         "postgres.claim.by": True, "postgres.claim.order": True}  # fmt: skip
+    # A column put before the others moves theirs, as a reorder does: the old module's
+    # positional call would pass its queue as the kind (compared by the diff alone).
+    before = tmp_path / "before.yaml"
+    before.write_text((CASES / "claim" / "new.yaml").read_text().replace("by: [queue, kind]", "by: [kind, queue]"))
+    first = compare(old, machine(before)).options
+    assert [(o.name, o.old, o.new, o.breaking) for o in first if o.name == "postgres.claim.by"] == [
+        ("postgres.claim.by", ("queue",), ("kind", "queue"), True)]  # fmt: skip
+
+
+
+# --- option values in JSON (issue 31) ------------------------------------------------
+
+# Each option whose value is a list of names: (the options it names, the spec, the spec's
+# own line, that line with fewer names, with more, and with the more reordered), and
+# whether a name added, and one removed, is breaking (contract section 5).
+REVIVE = "  - {from: [completed, cancelled, discarded], event: revive, to: available, reset: [fetch]}\n"
+LISTS: dict[str, tuple[tuple[str, ...], str, str, list[str], list[str], list[str], bool, bool]] = {
+    "initials": (("initials",), "queue", "initial: [available, scheduled]",
+                 ["available", "scheduled"], ["available", "scheduled", "retryable"],
+                 ["retryable", "available", "scheduled"], False, True),
+    "purgeable": (("purgeable",), "queue", "purgeable: [completed, cancelled, discarded]",
+                  ["completed", "discarded"], ["completed", "cancelled", "discarded"],
+                  ["discarded", "cancelled", "completed"], True, False),
+    "lease.states": (("lease.states",), "job", "  states: [claimed, running]",
+                     ["running"], ["claimed", "running"], ["running", "claimed"], True, True),
+    "postgres.notify": (("postgres.notify",), "queue", "  notify: [fetch, retry]",
+                        ["fetch"], ["fetch", "retry"], ["retry", "fetch"], False, False),
+    "postgres.claim.by": (("postgres.claim.by",), "queue", "  claim: {by: [queue], order: priority}",
+                          ["queue"], ["queue", "kind"], ["kind", "queue"], False, True),
+    "reset": (tuple(f"{s}.revive.reset" for s in ("completed", "cancelled", "discarded")), "queue", REVIVE.rstrip(),
+              ["fetch"], ["fetch", "retry"], ["retry", "fetch"], False, True),
+}  # fmt: skip
+
+
+def _spec_with(tmp_path: Path, option: str, names: list[str], label: str) -> Path:
+    """`specs/<spec>.yaml` with the option's own line listing `names`."""
+    _, spec, line, *_ = LISTS[option]
+    source = (ROOT / "specs" / f"{spec}.yaml").read_text()
+    assert line + "\n" in source, (spec, line)
+    head, rest = line.rsplit("[", 1)
+    path = tmp_path / label / f"{spec}.yaml"
+    path.parent.mkdir()
+    path.write_text(source.replace(line + "\n", f"{head}[{', '.join(names)}]{rest.split(']', 1)[1]}\n"))
+    return path
+
+
+def _json_diff(fsmc: Any, old: Path, new: Path) -> Any:
+    ran = fsmc("diff", old, new, "--format", "json")
+    assert ran.err == "" and ran.code in (0, 1), ran
+    return json.loads(ran.out)
+
+
+@pytest.mark.parametrize("option", sorted(LISTS))
+def test_a_list_valued_option_is_a_json_list_added_removed_or_reordered(option: str, fsmc: Any, tmp_path: Path) -> None:
+    names, _, _, short, long, reordered, added_breaks, removed_breaks = LISTS[option]
+    fewer = _spec_with(tmp_path, option, short, "fewer")
+    more = _spec_with(tmp_path, option, long, "more")
+    for old, new, was, now, breaking in ((fewer, more, short, long, added_breaks),
+                                         (more, fewer, long, short, removed_breaks)):  # fmt: skip
+        doc = _json_diff(fsmc, old, new)
+        assert doc["options"] == [{"name": n, "old": was, "new": now, "breaking": breaking} for n in names]
+    doc = _json_diff(fsmc, more, _spec_with(tmp_path, option, reordered, "reordered"))
+    if option == "postgres.claim.by":
+        # Listed in order, so another order is a change; and a breaking one: the claim
+        # function takes its columns by position, so a caller built from OLD would pass
+        # its queue as the kind.
+        assert doc["options"] == [{"name": option, "old": long, "new": reordered, "breaking": True}]
+    elif option == "initials":
+        # A set whose first is the default: the same states reordered change the default alone.
+        assert (doc["options"], doc["initial"]) == ([], {"old": "available", "new": "retryable"})
+    else:
+        assert (doc["options"], doc["initial"], doc["breaking"]) == ([], None, False)
+    # Text and Markdown read as before: the names joined.
+    assert f"{', '.join(short)} -> {', '.join(long)}" in fsmc("diff", fewer, more).out
+
+
+def test_a_list_naming_none_is_an_empty_list_and_null_is_no_lease(fsmc: Any, tmp_path: Path) -> None:
+    queue = (ROOT / "specs" / "queue.yaml").read_text()
+    assert queue.count("  notify: [fetch, retry]\n") == 1
+    quiet = tmp_path / "queue.yaml"
+    quiet.write_text(queue.replace("  notify: [fetch, retry]\n", "").replace("purgeable: [completed, cancelled, discarded]",
+                                                                           "purgeable: []"))  # fmt: skip
+    doc = _json_diff(fsmc, ROOT / "specs" / "queue.yaml", quiet)
+    assert {o["name"]: (o["old"], o["new"]) for o in doc["options"]} == {
+        "purgeable": (["completed", "cancelled", "discarded"], []),
+        "postgres.notify": (["fetch", "retry"], []),
+    }
+    assert "~ option  purgeable (completed, cancelled, discarded -> none)\n" in fsmc("diff", ROOT / "specs" / "queue.yaml", quiet).out
+    lease = {o["name"]: (o["old"], o["new"]) for o in json.loads((CASES / "added_lease" / "expected.json").read_text())["options"]}
+    assert lease == {"lease.states": (None, ["claimed", "running"]), "lease.reclaim": (None, "reclaim")}
+
+
+def test_option_values_are_structured_in_json_and_read_as_before_in_text() -> None:
+    def values(case: str) -> dict[str, tuple[object, object]]:
+        doc = json.loads((CASES / case / "expected.json").read_text())
+        return {o["name"]: (o["old"], o["new"]) for o in doc["options"]}
+
+    timed = values("timed")
+    assert timed["scheduled.schedule.after"] == (None, {"kind": "due_at"})
+    assert timed["completed.rerun.after"] == (None, {"kind": "delay", "ms": 30_000})
+    assert timed["discarded.revive.after"] == (None, {"kind": "backoff", "ms": 1000, "factor": 2, "max_ms": 60_000})
+    assert values("budgets")["caps.fetch"] == (None, {"default": 3, "max": 10})
+    assert values("choices_and_caps")["caps.retry"] == (5, 3)  # a plain cap stays a number
+    assert values("columns")["postgres.columns.note"] == (
+        {"type": "text", "nullable": True, "default": None}, {"type": "text", "nullable": False, "default": "''"})
+    assert values("limits")["limits.running"] == (50, 20)
+    # The same values, as text reads them.
+    text = (CASES / "timed" / "expected.txt").read_text() + (CASES / "budgets" / "expected.txt").read_text()
+    for shown in ("discarded.revive.after (none -> 1s x2 up to 1m)", "completed.rerun.after (none -> 30s)",
+                  "scheduled.schedule.after (none -> due_at)", "caps.fetch (none -> 3 per row, at most 10)"):  # fmt: skip
+        assert shown in text, shown
+
+
+def test_writer_role_is_a_json_boolean(fsmc: Any, tmp_path: Path) -> None:
+    job = (ROOT / "specs" / "job.yaml").read_text()
+    without = tmp_path / "job.yaml"
+    without.write_text(job.replace("\npostgres:\n", "\npostgres:\n  writer_role: false\n"))
+    doc = _json_diff(fsmc, ROOT / "specs" / "job.yaml", without)
+    assert doc["options"] == [{"name": "postgres.writer_role", "old": True, "new": False, "breaking": True}]
+    assert "postgres.writer_role (true -> false)" in fsmc("diff", ROOT / "specs" / "job.yaml", without).out
+
+
+def test_no_option_value_in_json_is_joined_text() -> None:
+    # A list of names is a JSON list in every golden case, never `a, b` to split.
+    for case in FACTS:
+        for o in json.loads((CASES / case / "expected.json").read_text())["options"]:
+            for value in (o["old"], o["new"]):
+                assert not (isinstance(value, str) and ", " in value), (case, o)
+                assert not isinstance(value, list) or all(isinstance(n, str) for n in value), (case, o)

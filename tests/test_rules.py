@@ -662,7 +662,10 @@ def test_a_state_has_one_timed_way_out() -> None:
     spec = QUEUE.replace("{from: retryable, event: retry, to: available, otherwise: discarded}",
                          "{from: retryable, event: retry, to: available, otherwise: discarded, after: 5m}\n"
                          "  - {from: retryable, event: schedule, to: discarded, after: @1h}")
-    assert_only("timer-conflict", spec, "state 'retryable' already has a timed transition out (transitions[4], on 'retry')")
+    # Both events by name (issue 31), at the second transition's `after` (the `@` above).
+    assert_only("timer-conflict", spec, "transitions[5].after: state 'retryable' already has a timed transition out "
+                "(transitions[4], on 'retry'), so the one on 'schedule' cannot wait too; a row in a state has one "
+                "due time, so at most one of its ways out may wait for it")
 
 
 def test_a_backoff_needs_a_capped_event() -> None:
