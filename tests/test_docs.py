@@ -236,6 +236,9 @@ WHOLE_SPEC_BLOCKS = [("spec-job", "job"), ("readme-queue", "queue")]
 def test_the_whole_specs_on_the_pages_mean_what_the_example_specs_mean(name: str, spec: str) -> None:
     shown = checked(docs.block(name), f"{name}.yaml")
     assert shown.ok() and not shown.diagnostics, shown.diagnostics
+    if name == "readme-queue":  # its heading says how long it is
+        (lines,) = re.findall(r"^## A job queue in (\d+) lines$", docs.text_of("README.md"), re.MULTILINE)
+        assert int(lines) == len(docs.block(name).splitlines())
     example = checked((SPECS / f"{spec}.yaml").read_text(encoding="utf-8"), f"specs/{spec}.yaml")
     assert shown.machine is not None and example.machine is not None
     assert machine_digest(shown.machine) == machine_digest(example.machine)
