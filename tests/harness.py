@@ -90,7 +90,7 @@ def assert_well_behaved(ran: Ran, *, cpu_seconds: float = 5.0) -> list[re.Match[
     for line, from_stdout in lines:
         match = DIAGNOSTIC.fullmatch(line)
         if match and from_stdout == on_stdout:
-            # The severity the README's table promises, not fsmc's registry that printed it.
+            # The severity the diagnostics page promises, not fsmc's registry that printed it.
             assert match["code"] in CODES, (line, ran)
             assert documented_severity().get(match["code"]) == match["severity"], (line, ran)
             found.append(match)
@@ -108,10 +108,10 @@ def assert_well_behaved(ran: Ran, *, cpu_seconds: float = 5.0) -> list[re.Match[
 
 @functools.cache
 def documented_severity() -> dict[str, str]:
-    """Each diagnostic code's severity as the README's "Diagnostic codes" table gives
-    it: what users are told, written apart from fsmc.diagnostics."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    (table,) = [t for t in render_markdown(readme).tables if t[0][:2] == ["code", "severity"]]
+    """Each diagnostic code's severity as the diagnostics page's table gives it: what
+    users are told, written apart from fsmc.diagnostics."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "diagnostics.md").read_text(encoding="utf-8")
+    (table,) = [t for t in render_markdown(page).tables if t[0][:2] == ["code", "severity"]]
     return {row[0]: row[1] for row in table[1:]}
 
 

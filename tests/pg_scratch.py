@@ -4,7 +4,7 @@ non-superuser role, per test, so tests run in parallel under pytest-xdist.
 `Scratch.create(dsn, machine)` makes a LOGIN role (not a superuser), a schema it
 owns, and loads the machine's generated `.sql` into it *as that role*: every test
 is first a proof that the file applies cleanly as a non-superuser owner. It also
-makes the application's role, with exactly the grants the README lists
+makes the application's role, with exactly the grants docs/postgres.md lists
 (`install.app_grants`) and PostgreSQL's defaults (TEMPORARY on the database, EXECUTE on
 functions): applications never connect as the owner, and neither do the tests that
 play one. `scratch.connect()` opens a connection as the application role,
@@ -67,7 +67,7 @@ LEASE_SPEC_NAMES = ("job", "capped_task")  # runner has no lease
 # purpose holds it for milliseconds, but on a loaded shared machine those can last.
 TIMEOUTS = "-c lock_timeout=30s -c statement_timeout=120s"
 
-# What an application role needs, and all it gets: `install.app_grants`, the README's list.
+# What an application role needs, and all it gets: `install.app_grants`, docs/postgres.md's list.
 
 
 def installs(spec_names: tuple[str, ...]) -> list[Any]:
@@ -174,7 +174,7 @@ class Scratch:
         return scratch
 
     def grants(self) -> bytes:
-        """`install.app_grants` (the README's list) for this schema and application role."""
+        """`install.app_grants` (docs/postgres.md's list) for this schema and application role."""
         return "\n".join(app_grants(build(self.machine).install, self.schema, self.app_role)).encode()
 
     def as_owner(self, query: str, params: Any = None) -> None:

@@ -2,7 +2,7 @@
 several initial states, caps per row chosen at insert, what a spent budget decides
 (`otherwise`, `spent`) in `_apply`, `_claim` and `_reclaim`, and `reset`.
 
-Every test plays the application as `Scratch.connect()` does (the README's grants
+Every test plays the application as `Scratch.connect()` does (the grants of docs/postgres.md
 only); what only an owner can do (spend a budget by hand) runs as the owner.
 """
 

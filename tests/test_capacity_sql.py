@@ -1,6 +1,6 @@
 """Language 1.2's capacity limits in the database (issue 22): `limits: {running: 3}`.
 
-Every test plays the application as `Scratch.connect()` does (the README's grants
+Every test plays the application as `Scratch.connect()` does (the grants of docs/postgres.md
 only). The races run 16 threads, each on its own connection under READ COMMITTED,
 moving rows through `running` (limit 3) by `_apply`, by `_claim` (max_rows 5; also
 under REPEATABLE READ, with a snapshot taken before the claim), by direct writes with

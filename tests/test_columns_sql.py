@@ -2,7 +2,7 @@
 declared columns (`postgres: {columns: ...}`), `create` and `create_many`, whole rows
 from `claim` (the lease and time columns included), and moves without a version.
 
-Every test plays the application as `Scratch.connect()` does (the README's grants
+Every test plays the application as `Scratch.connect()` does (the grants of docs/postgres.md
 only), on specs/queue.yaml, whose jobs carry `args`, `kind`, `queue` and `priority`.
 """
 

@@ -33,15 +33,15 @@ def test_the_id_types_are_one_table() -> None:
     assert enum == list(model.ID_TYPES) == list(common.ID_TYPES)
 
 
-def test_the_readmes_table_of_codes_is_the_registry() -> None:
+def test_the_diagnostics_pages_table_of_codes_is_the_registry() -> None:
     # Every code the registry has, with its severity, in the registry's order, and no other.
     import re
 
     from fsmc.diagnostics import CODES
-    from tests.conftest import ROOT
+    from tests import docs
 
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Diagnostic codes", 1)[1]
-    rows = re.findall(r"^\| `([a-z-]+)` \| (error|warning) \|", section.split("\n## ", 1)[0], re.MULTILINE)
+    section = docs.section("docs/diagnostics.md", "The codes")
+    rows = re.findall(r"^\| `([a-z-]+)` \| (error|warning) \|", section, re.MULTILINE)
     assert rows == [(code, c.severity) for code, c in CODES.items()]
 
 

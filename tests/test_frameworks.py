@@ -1,13 +1,17 @@
 """The generated module and `fsmc migrate --no-transaction` inside the frameworks users
 run them in, installed for real (issue 11): SQLAlchemy 2 (a Connection and a
 Session), Django (psycopg 3 backend: its `connection`, its wrapped errors), Alembic
-(a migration running the script, rolled back). Each test is the README's recipe.
+(a migration running the script, rolled back). Each recipe of the worker's guide
+(docs/worker.md, "In SQLAlchemy, Django and Alembic") runs here as written, beside
+the tests of what it relies on.
 
-Applications connect as the application role (the README's grants); migrations as
-the schema's owner."""
+Applications connect as the application role (the grants of docs/postgres.md);
+migrations as the schema's owner."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -16,6 +20,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from fsmc.migrate import migrate
+from tests import docs
 from tests.conftest import ROOT
 from tests.pg_scratch import Scratch, machine_from_text
 
@@ -63,7 +68,26 @@ def test_sqlalchemy_connection_and_session(db: Scratch, job: ModuleType) -> None
         engine.dispose()
 
 
-def test_django_connection_and_its_wrapped_errors(db: Scratch, job: ModuleType) -> None:
+def test_the_sqlalchemy_recipe_runs_as_written(db: Scratch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    job = docs.example_module("job", docs.example_build("job", db.schema, tmp_path), monkeypatch)
+    with db.connect() as conn:
+        (row_id,) = conn.execute("INSERT INTO jobs DEFAULT VALUES RETURNING id").fetchone()  # type: ignore[misc]
+        conn.commit()
+    engine = create_engine(sqlalchemy_url(db, db.app_role))
+    try:
+        names: dict[str, Any] = {"engine": engine, "job": job, "Session": Session}
+        exec(compile(docs.block("frameworks-sqlalchemy"), "docs/worker.md", "exec"), names)  # noqa: S102
+    finally:
+        engine.dispose()
+    with db.connect() as conn:
+        assert job.get(conn, row_id) == job.Job(row_id, job.State.COMPLETED, 3)
+
+
+def test_django_connection_and_its_wrapped_errors(db: Scratch, job: ModuleType, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     import django
     from django.conf import settings
 
@@ -80,6 +104,14 @@ def test_django_connection_and_its_wrapped_errors(db: Scratch, job: ModuleType) 
 
     try:
         assert connection.vendor == "postgresql" and connection.Database.__name__ == "psycopg"
+        # The recipe of docs/worker.md, as written, with a module whose SCHEMA is the scratch's.
+        recipe = docs.example_module("job", docs.example_build("job", db.schema, tmp_path), monkeypatch)
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO jobs DEFAULT VALUES RETURNING id")
+            (job_id,) = cursor.fetchone()
+        exec(compile(docs.block("frameworks-django"), "docs/worker.md", "exec"),  # noqa: S102
+             {"job": recipe, "job_id": job_id})  # fmt: skip
+        assert recipe.get(connection, job_id) == recipe.Job(job_id, recipe.State.CLAIMED, 1)
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("INSERT INTO jobs DEFAULT VALUES RETURNING id")
@@ -144,13 +176,36 @@ def test_no_transaction_script_has_no_begin_or_commit_and_rolls_back_whole(pg_ds
         db.drop()
 
 
-def test_alembic_runs_the_script_in_its_migration_and_rolls_back(pg_dsn: str) -> None:
+def test_alembic_runs_the_script_in_its_migration_and_rolls_back(pg_dsn: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import sqlalchemy as sa
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
     from sqlalchemy import create_engine, text
 
     old, new = case("added_state", "old"), case("added_state", "new")
-    script = migrate(old, new, transaction=False)
+    # The page's command, in a project whose v1 tag holds OLD and whose tree holds NEW.
+    project = tmp_path / "project"
+    (project / "specs").mkdir(parents=True)
+    (project / "migrations").mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=project, check=True)
+    (project / "specs" / "job.yaml").write_bytes((CASES / "added_state" / "old.yaml").read_bytes())
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "v1"], cwd=project, check=True)
+    subprocess.run([*git, "tag", "v1"], cwd=project, check=True)
+    (project / "specs" / "job.yaml").write_bytes((CASES / "added_state" / "new.yaml").read_bytes())
+    (command,) = docs.block("frameworks-alembic-script").splitlines()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    ran = subprocess.run(["bash", "-c", command], cwd=project, env=env, capture_output=True, text=True, check=False)
+    assert ran.returncode == 0, ran.stderr
+    script = (project / "migrations" / "job_v2.sql").read_text(encoding="utf-8")
+    # the script for OLD and NEW, its header naming them as the command did
+    assert script.split("\n", 1)[1] == migrate(old, new, transaction=False).split("\n", 1)[1]
+    revision: dict[str, Any] = {"sa": sa, "Path": Path, "__file__": str(project / "migrations" / "v2_job.py")}
+    exec(compile(docs.block("frameworks-alembic-upgrade"), "docs/worker.md", "exec"), revision)  # noqa: S102
     db = Scratch.create(pg_dsn, old)
     engine = create_engine(sqlalchemy_url(db, db.role),
                            connect_args={"options": f"-c search_path={db.schema}"})  # fmt: skip
@@ -163,8 +218,8 @@ def test_alembic_runs_the_script_in_its_migration_and_rolls_back(pg_dsn: str) ->
         with engine.connect() as conn:
             transaction = conn.begin()
             # The migration's upgrade(): what an Alembic revision file holds.
-            op = Operations(MigrationContext.configure(conn))
-            op.execute(text(script))
+            revision["op"] = Operations(MigrationContext.configure(conn))
+            revision["upgrade"]()
             digest = conn.execute(text("SELECT job_fsmc_digest()")).scalar_one()
             assert digest != before[2][0]
             transaction.rollback()

@@ -7,7 +7,7 @@ one: every write is checked, the functions' own included. The database tests of
 contract 4.2, the security tests and the worker's tests run in this mode too (their
 fixtures take `pg_scratch.installs`); here, what is the mode's own:
 
-- installing: the README's psql command, as an owner with NOCREATEROLE and no role
+- installing: the psql command of docs/postgres.md, run as written, as an owner with NOCREATEROLE and no role
   made beforehand, makes no role and no writer function; the functions are the
   owner's, the triggers name no role;
 - checking: a function's write is checked like any other (an owner's trigger that
@@ -34,12 +34,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from fsmc.migrate import migrate
 from fsmc.targets import generate, sqlstate
 from fsmc.targets.postgres.build import build, emit
 from fsmc.targets.postgres.names import Names
+from tests import docs
 from tests import migrating as tm
 from tests.conftest import SPECS
 from tests.harness import refused, run_pytest, sqlstate_of
@@ -102,7 +103,7 @@ def updates_so_far(db: Scratch, conn: psycopg.Connection[Any]) -> int:
 
 @pytest.mark.skipif(shutil.which("psql") is None, reason="psql is not installed")
 @pytest.mark.parametrize("name", ["job", "queue"])
-def test_an_owner_that_may_not_create_roles_installs_it_with_the_readmes_command(
+def test_an_owner_that_may_not_create_roles_installs_it_with_the_pages_command(
     pg_dsn: str, name: str, tmp_path: Path
 ) -> None:
     machine = without_writer_role(machine_of(name))
@@ -118,9 +119,16 @@ def test_an_owner_that_may_not_create_roles_installs_it_with_the_readmes_command
             assert admin.execute("SELECT rolcreaterole FROM pg_roles WHERE rolname = %s",
                                  (scratch.role,)).fetchone() == (False,)  # fmt: skip
             assert admin.execute(made, (scratch.schema, scratch.role)).fetchone() == (0, 0)
-        conninfo = make_conninfo(pg_dsn, user=scratch.role, options=f"-c search_path={scratch.schema}")
-        done = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1", "-f", str(path), conninfo],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        # The page's command, as the owner, with this schema and file for `app` and its path.
+        (command,) = docs.block("postgres-install").splitlines()
+        for shown, real in (("search_path=app'", f"search_path={scratch.schema}'"),
+                            ("generated/job/job.sql", str(path))):  # fmt: skip
+            assert shown in command, shown
+            command = command.replace(shown, real)
+        params = conninfo_to_dict(pg_dsn)
+        env = {"PATH": "/usr/bin:/bin", "PGUSER": scratch.role, "PGHOST": str(params.get("host", "127.0.0.1")),
+               "PGPORT": str(params.get("port", 5432)), "PGDATABASE": str(params.get("dbname", "postgres"))}  # fmt: skip
+        done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert "ERROR" not in done.stderr and "WARNING" not in done.stderr, done.stderr
         raw = Names.of(machine)
@@ -137,7 +145,7 @@ def test_an_owner_that_may_not_create_roles_installs_it_with_the_readmes_command
                 " WHERE t.tgrelid IN (%s::regclass, %s::regclass) AND NOT t.tgisinternal",
                 (f"{scratch.schema}.{raw.table}", f"{scratch.schema}.{raw.events_table}")).fetchall()]  # fmt: skip
             assert len(definitions) >= 8 and not any("CURRENT_USER" in d.upper() for d in definitions), definitions
-        with scratch.owner() as owner:  # and the application runs on the README's grants
+        with scratch.owner() as owner:  # and the application runs on the grants of docs/postgres.md
             owner.execute(scratch.grants())
             owner.commit()
         with scratch.connect() as app:

@@ -1,10 +1,11 @@
-"""Running the schema in production: what the README promises operators (issue 8).
+"""Running the schema in production: what the worker's guide promises operators
+(docs/worker.md, "Running it in production").
 
 - A worker idle in a transaction holds its row's lock, so `_reclaim` skips the row
   until the transaction ends; `idle_in_transaction_session_timeout` ends it, and the
   next reclaim takes the row.
 - A data-only restore into a fresh schema built from the same `.sql`, by the
-  README's recipe (pg_dump --data-only, restored by the owner with the schema's
+  guide's recipe, run as written (pg_dump --data-only, restored by the owner with the schema's
   user triggers switched off inside the restore's one transaction), gives back every
   row and event: the log replays, ids continue, and the rules hold again afterwards.
 """
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -23,6 +25,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from tests import docs
 from tests.harness import refused, sqlstate_of
 from tests.pg_scratch import LEASE_SPEC_NAMES, SPEC_NAMES, Scratch, machine_of
 
@@ -72,9 +75,9 @@ def test_a_worker_idle_in_a_transaction_keeps_its_row_until_the_timeout_ends_it(
 
 
 @pytest.mark.parametrize("name", SPEC_NAMES)
-def test_a_data_only_restore_into_a_fresh_schema_by_the_readme_recipe(pg_dsn: str, name: str,
+def test_a_data_only_restore_into_a_fresh_schema_by_the_guides_recipe(pg_dsn: str, name: str,
                                                                      tmp_path: Path) -> None:  # fmt: skip
-    pg_dump, psql = need("pg_dump"), need("psql")
+    need("pg_dump"), need("psql")
     db = Scratch.create(pg_dsn, machine_of(name))
     try:
         m, n = db.machine, db.names
@@ -85,9 +88,16 @@ def test_a_data_only_restore_into_a_fresh_schema_by_the_readme_recipe(pg_dsn: st
             before_events = app.execute(db.q("SELECT * FROM {events} ORDER BY 1, 2")).fetchall()
         owner = make_conninfo(db.dsn, user=db.role)
         table, events = f"{db.schema}.{n.table}", f"{db.schema}.{n.events_table}"
-        dump = tmp_path / "data.sql"
-        done = subprocess.run([pg_dump, "--data-only", f"--table={table}", f"--table={events}",
-                               "-f", str(dump), owner], capture_output=True, text=True, timeout=60)  # fmt: skip
+        # The recipe, with this installation's tables and the owner's connection string
+        # for the page's `app.jobs`, `app.job_events`, OLD_DATABASE and NEW_DATABASE.
+        recipe = docs.block("operations-restore")
+        for shown, real in (("app.job_events", events), ("app.jobs", table),
+                            ("OLD_DATABASE", shlex.quote(owner)), ("NEW_DATABASE", shlex.quote(owner))):  # fmt: skip
+            assert shown in recipe, shown
+            recipe = recipe.replace(shown, real)
+        dump_command, restore_command = recipe.split("\npsql ", 1)
+        assert dump_command.startswith("pg_dump --data-only ")
+        done = subprocess.run(["bash", "-c", dump_command], cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         # A fresh schema of the same name, from the same .sql (as after a disaster).
         with psycopg.connect(db.dsn, autocommit=True) as admin:
@@ -96,13 +106,8 @@ def test_a_data_only_restore_into_a_fresh_schema_by_the_readme_recipe(pg_dsn: st
         with db.owner(autocommit=True) as conn:
             conn.execute(db.sql_text.encode())
             conn.execute(db.grants())
-        restore = [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1",
-                   "-c", f"ALTER TABLE {table} DISABLE TRIGGER USER",
-                   "-c", f"ALTER TABLE {events} DISABLE TRIGGER USER",
-                   "-f", str(dump),
-                   "-c", f"ALTER TABLE {table} ENABLE TRIGGER USER",
-                   "-c", f"ALTER TABLE {events} ENABLE TRIGGER USER", owner]  # fmt: skip
-        done = subprocess.run(restore, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(["bash", "-c", "psql " + restore_command], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
         assert done.returncode == 0, done.stderr
         with db.connect() as app:
             assert app.execute(db.q("SELECT * FROM {table} ORDER BY id")).fetchall() == before_rows

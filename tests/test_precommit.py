@@ -1,5 +1,5 @@
 """The repository is a pre-commit hook repository: a project that names it in its
-`.pre-commit-config.yaml`, as the README shows, gets both hooks installed (as
+`.pre-commit-config.yaml`, as docs/cli.md shows, gets both hooks installed (as
 pre-commit installs any `language: python` hook, with pip) and run on a sample
 holding a good spec, a bad spec and a stale generated file.
 
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import docs
 from tests.conftest import ROOT, SPECS
 
 # What `pip install` of the hook repository needs, and the manifest.
@@ -71,9 +72,12 @@ def project(hook_repo: tuple[Path, str], tmp_path_factory: pytest.TempPathFactor
     subprocess.run([sys.executable, "-m", "fsmc", "build", "specs/job.yaml"], cwd=project, check=True)
     stale = project / "generated" / "job" / "job.mmd"
     stale.write_text(stale.read_text().replace("claimed", "clamied"))
-    # The README's configuration, with this repository in place of the published one.
-    config = {"repos": [{"repo": str(repo), "rev": rev,
-                         "hooks": [{"id": "fsmc-check"}, {"id": "fsmc-build-check"}]}]}  # fmt: skip
+    # The command-line page's configuration, with this repository in place of the
+    # published one.
+    config = yaml.safe_load(docs.block("precommit-config"))
+    ((shown,),) = [config["repos"]]
+    assert [hook["id"] for hook in shown["hooks"]] == ["fsmc-check", "fsmc-build-check"]
+    shown.update(repo=str(repo), rev=rev)
     (project / ".pre-commit-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     git(project, "init", "-q")
     git(project, "add", "-A")

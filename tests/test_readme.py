@@ -1,6 +1,8 @@
 """The README's tour, run as written: every command of its console blocks with the
 output it shows, its spec, and its Python session (as a doctest, from the folder the
-README says to run it in). A README that drifts from fsmc fails here."""
+README says to run it in); and the application's grants of the PostgreSQL page,
+which are the ones every database test gives its application role. A page that
+drifts from fsmc fails here."""
 
 from __future__ import annotations
 
@@ -12,17 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests import docs
 from tests.harness import render_markdown
 
-README = (ROOT / "README.md").read_text()
+TOUR_BLOCKS = ["tour-spec", "tour-check", "tour-build", "tour-session", "tour-ci"]
 END = "\x1e"  # printed after each command, so one shell runs a block and `$?` carries over
-
-
-def section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start : end if end >= 0 else None]
 
 
 def console(block: str) -> list[tuple[str, str]]:
@@ -54,10 +50,9 @@ def run_console(block: str, cwd: Path, env: dict[str, str]) -> None:
 
 @pytest.mark.slow
 def test_the_tour_runs_exactly_as_written(tmp_path: Path) -> None:
-    tour = section("A short tour")
-    fences = render_markdown(tour).fences
-    assert [info for info, _ in fences] == ["yaml", "console", "console", "pycon", "console"]
-    (_, spec), (_, check), (_, build), (_, session), (_, ci) = fences
+    tour = docs.section("README.md", "A short tour")
+    spec, check, build, session, ci = (docs.block(name) for name in TOUR_BLOCKS)
+    assert [text for _, text in render_markdown(tour).fences] == [spec, check, build, session, ci]
     # fsmc on PATH, as the tour asks; C collation, so `ls` sorts as the tour shows.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "LC_ALL": "C", "NO_COLOR": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
@@ -99,24 +94,17 @@ def test_the_tour_fails_when_its_output_drifts(tmp_path: Path) -> None:
     raise AssertionError("a console block whose output differs passed")
 
 
-def test_the_readmes_grants_are_exactly_the_ones_the_tests_give_the_application() -> None:
-    # The README's list is what users type; install.app_grants is what every
-    # database test's application role gets (tests/pg_scratch.py). They are one list.
+def test_the_grants_on_the_postgres_page_are_exactly_the_ones_the_tests_give_the_application() -> None:
+    # The page's list is what users type; install.app_grants is what every database
+    # test's application role gets (tests/pg_scratch.py). They are one list.
     from fsmc.targets.postgres.build import build
     from fsmc.targets.postgres.install import app_grants
     from tests.pg_scratch import machine_of
 
-    roles = section("Using it with PostgreSQL")
-    start = roles.index("with exactly these grants")
-    block = roles[roles.index("```sql\n", start) + len("```sql\n"): roles.index("```", roles.index("```sql\n", start) + 7)]
+    assert "with exactly these grants" in docs.section("docs/postgres.md", "The application's grants")
+    block = docs.block("grants")
     statements = [line for line in block.splitlines() if line and not line.startswith("--")]
     assert statements == app_grants(build(machine_of("job")).install, "app", "app_worker")
-
-
-def test_every_python_block_of_the_readme_is_python() -> None:
-    import ast
-
-    blocks = [code for info, code in render_markdown(README).fences if info == "python"]
-    assert len(blocks) >= 3
-    for code in blocks:
-        ast.parse(code)
+    # and the grants are on one page only, so there is one place to change them
+    pages = [p for p in docs.pages() if "GRANT SELECT, INSERT (" in p.read_text(encoding="utf-8")]
+    assert [p.name for p in pages] == ["postgres.md"]

@@ -7,7 +7,7 @@ every history replays, nothing is left locked. And (issue 22) relayd with more w
 than places in `running` (the spec's limit lowered to 2): a sampler never sees more
 jobs running than the limit, the limit is reached, and every job still finishes.
 
-Workers connect as the application role (the README's grants); the chaos monkey as
+Workers connect as the application role (the grants of docs/postgres.md); the chaos monkey as
 the superuser, who may terminate their backends."""
 
 from __future__ import annotations

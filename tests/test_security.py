@@ -1,7 +1,7 @@
 """The database against its application role (contract 4.2's first bullet, issue 8).
 
 Every test plays an attacker with a psql prompt, connected as the application role
-with exactly the grants the README lists (tests/pg_scratch.py: APP_GRANTS) and
+with exactly the grants docs/postgres.md lists (tests/pg_scratch.py: APP_GRANTS) and
 PostgreSQL's defaults (TEMPORARY on the database, EXECUTE on functions), for every
 example spec, and proves the attack fails or changes nothing:
 
@@ -632,7 +632,7 @@ def test_a_move_by_hand_is_stamped_with_the_databases_times(db: Scratch) -> None
 
 
 def test_a_row_born_with_a_misspelled_or_missing_state_gets_the_checks_own_answer(db: Scratch) -> None:
-    # NOT NULL and the state CHECK answer first (23502, 23514), as the README orders
+    # NOT NULL and the state CHECK answer first (23502, 23514), as docs/postgres.md orders
     # them, not the guard that refuses a row born outside its initial state (23F04).
     text_id = db.machine.postgres.id_type == "text"
     insert = "INSERT INTO {table} (id, state) VALUES ('born', %s)" if text_id else "INSERT INTO {table} (state) VALUES (%s)"

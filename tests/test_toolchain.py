@@ -1,6 +1,6 @@
 """fsmc next to the rest of a Python toolchain: its license metadata (PEP 639) builds
 without a setuptools warning, and editors validate specs with `fsmc schema` as the
-README's "Editor support" section says to."""
+spec page's "Editor support" section says to."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import docs
 from tests.conftest import ROOT, SPECS, Wheel
-from tests.harness import render_markdown
-
-README = (ROOT / "README.md").read_text()
 
 
 @pytest.mark.slow
@@ -40,13 +38,10 @@ def test_the_schema_id_is_not_a_web_page(fsmc) -> None:  # type: ignore[no-untyp
 
 
 def editor_support() -> tuple[str, str, dict[str, list[str]]]:
-    """The README's editor setup: the command that saves the schema, the modeline,
+    """The spec page's editor setup: the command that saves the schema, the modeline,
     and the `yaml.schemas` of its .vscode/settings.json."""
-    start = README.index("\n## Editor support\n")
-    text = README[start : README.index("\n## ", start + 1)]
-    fences = dict(render_markdown(text).fences)
-    settings = json.loads(fences["json"])
-    return fences["sh"].strip(), fences["yaml"].strip(), settings["yaml.schemas"]
+    settings = json.loads(docs.block("editor-vscode"))
+    return docs.block("editor-save-schema").strip(), docs.block("editor-modeline").strip(), settings["yaml.schemas"]
 
 
 @pytest.mark.slow

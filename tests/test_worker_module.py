@@ -2,7 +2,7 @@
 `heartbeat`, `reclaim` and their asyncio twins, `UnknownRow`, SQLSTATEs found through
 `__cause__`, and mypy telling a sync connection from an async one.
 
-The database tests play the application (`Scratch.connect()`: the README's grants)."""
+The database tests play the application (`Scratch.connect()`: the grants of docs/postgres.md)."""
 
 from __future__ import annotations
 

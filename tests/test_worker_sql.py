@@ -1,7 +1,7 @@
 """The worker's side of the PostgreSQL file (contract 4.2, issue 11): `<machine>_claim`,
 `<machine>_purge`, the `<machine>_intervals` view, `created_at` and `entered_at`.
 
-Every test plays the application as `Scratch.connect()` does (the README's grants
+Every test plays the application as `Scratch.connect()` does (the grants of docs/postgres.md
 only); bulk loads and DDL run as the owner.
 """
 

@@ -27,7 +27,7 @@ roles, schemas and databases it made (`Cluster.drop` checks no writer is left).
 Kept as a strict xfail, so that a change turns it into a failure to unmark: on
 PostgreSQL before 16 an owner with CREATEROLE can grant itself another installation's
 writer (a property of CREATEROLE there, which only owners without it avoid; the
-README says so).
+docs/postgres.md says so).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from fsmc.model import Machine
 from fsmc.targets import sqlstate
 from fsmc.targets.postgres.build import build, emit
 from fsmc.targets.postgres.names import Names
+from tests import docs
 from tests.harness import refused, refused_at_commit, snapshot, sqlstate_of
 from tests.pg_scratch import TIMEOUTS, Scratch, machine_from_text, writer_of
 
@@ -282,7 +283,7 @@ def test_an_owner_without_createrole_gets_42501_naming_the_fix_before_anything_i
 
 
 @pytest.mark.skipif(shutil.which("psql") is None, reason="psql is not installed")
-@pytest.mark.parametrize("one_transaction", [pytest.param(["-1"], id="README: -1"),
+@pytest.mark.parametrize("one_transaction", [pytest.param(["-1"], id="docs: -1"),
                                              pytest.param([], id="CONTRACT: no -1")])  # fmt: skip
 def test_psql_leaves_nothing_behind_when_the_role_is_missing(
     cluster: Cluster, tmp_path: Path, one_transaction: list[str]
@@ -303,6 +304,11 @@ def test_psql_leaves_nothing_behind_when_the_role_is_missing(
     assert ran.returncode == 3, ran
     fix = f"CREATE ROLE {writer} NOLOGIN; GRANT {writer} TO {owner};"
     assert fix in ran.stderr
+    # What docs/postgres.md shows psql printing, with this writer and owner for its names.
+    shown = docs.block("postgres-missing-role")
+    (example_writer,) = set(re.findall(r"app_job_writer_[0-9a-f]+", shown))
+    for line in shown.replace(example_writer, writer).replace("app_owner", owner).splitlines():
+        assert any(printed.endswith(line) for printed in ran.stderr.splitlines()), (line, ran.stderr)
     assert cluster.objects_in(schema) == [] and not cluster.role_exists(writer)
 
     with cluster.admin() as admin:
